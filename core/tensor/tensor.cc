@@ -1,0 +1,450 @@
+// Tensor storage, factories, views and dtype conversion on the CPU.
+#include "core/tensor/tensor.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <sstream>
+
+#include "core/util/rng.h"
+
+namespace starling {
+
+namespace {
+
+[[noreturn]] void fatal(const std::string& msg) {
+  std::fprintf(stderr, "starling: fatal tensor error: %s\n", msg.c_str());
+  std::abort();
+}
+
+#define STARLING_TCHECK(cond, msg) \
+  do {                             \
+    if (!(cond)) fatal(msg);       \
+  } while (0)
+
+int64_t wrap_dim(int64_t d, int64_t ndim) {
+  const int64_t w = d < 0 ? d + ndim : d;
+  STARLING_TCHECK(w >= 0 && w < ndim, "dimension " + std::to_string(d) + " out of range for " +
+                                          std::to_string(ndim) + "-d tensor");
+  return w;
+}
+
+double load_as_double(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(base)[i];
+    case DType::kF64: return static_cast<const double*>(base)[i];
+    case DType::kBF16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF16: return f16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kI32: return static_cast<const int32_t*>(base)[i];
+    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(base)[i]);
+    case DType::kI8: return static_cast<const int8_t*>(base)[i];
+    case DType::kU8: return static_cast<const uint8_t*>(base)[i];
+  }
+  return 0.0;
+}
+
+void store_double(void* base, DType t, int64_t i, double v) {
+  switch (t) {
+    case DType::kF32: static_cast<float*>(base)[i] = static_cast<float>(v); return;
+    case DType::kF64: static_cast<double*>(base)[i] = v; return;
+    case DType::kBF16:
+      static_cast<uint16_t*>(base)[i] = float_to_bf16(static_cast<float>(v));
+      return;
+    case DType::kF16: static_cast<uint16_t*>(base)[i] = float_to_f16(static_cast<float>(v)); return;
+    case DType::kI32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); return;
+    case DType::kI64: static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v); return;
+    case DType::kI8: static_cast<int8_t*>(base)[i] = static_cast<int8_t>(v); return;
+    case DType::kU8: static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v); return;
+  }
+}
+
+// Calls f(src_offset, dst_linear_index) for every element of `t` in row-major order.
+template <typename F>
+void for_each_offset(const Tensor& t, F&& f) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  const int64_t nd = t.dim();
+  if (nd == 0) {
+    f(t.offset(), 0);
+    return;
+  }
+  std::vector<int64_t> idx(static_cast<size_t>(nd), 0);
+  const auto& sh = t.shape();
+  const auto& st = t.strides();
+  int64_t off = t.offset();
+  const int64_t last = nd - 1;
+  for (int64_t lin = 0; lin < n;) {
+    const int64_t inner = sh[last];
+    const int64_t s = st[last];
+    for (int64_t k = 0; k < inner; ++k) f(off + k * s, lin + k);
+    lin += inner;
+    // Advance the outer indices.
+    for (int64_t d = last - 1; d >= 0; --d) {
+      if (++idx[d] < sh[d]) {
+        off += st[d];
+        break;
+      }
+      off -= st[d] * (sh[d] - 1);
+      idx[d] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+std::string shape_str(const Shape& s) {
+  std::string out = "(";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(s[i]);
+  }
+  return out + ")";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Strides contiguous_strides(const Shape& s) {
+  Strides st(s.size());
+  int64_t acc = 1;
+  for (size_t i = s.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= std::max<int64_t>(s[i], 1);
+  }
+  return st;
+}
+
+Storage::Storage(size_t nbytes) : nbytes_(nbytes) {
+  const size_t alloc = std::max<size_t>(64, (nbytes + 63) / 64 * 64);
+  data_ = std::aligned_alloc(64, alloc);
+  if (data_ == nullptr) throw std::bad_alloc();
+  std::memset(data_, 0, alloc);
+}
+
+Storage::~Storage() { std::free(data_); }
+
+Tensor Tensor::empty(const Shape& shape, DType dtype) {
+  for (int64_t d : shape) STARLING_TCHECK(d >= 0, "negative dimension in shape " + shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype) { return empty(shape, dtype); }
+
+Tensor Tensor::ones(const Shape& shape, DType dtype) { return full(shape, 1.0, dtype); }
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  t.fill(value);
+  return t;
+}
+
+Tensor Tensor::scalar(double value, DType dtype) { return full({}, value, dtype); }
+
+Tensor Tensor::arange(int64_t n, DType dtype) {
+  Tensor t = empty({n}, dtype);
+  void* p = t.raw_data();
+  for (int64_t i = 0; i < n; ++i) store_double(p, dtype, i, static_cast<double>(i));
+  return t;
+}
+
+Tensor Tensor::from_vector(const std::vector<float>& v, const Shape& shape) {
+  STARLING_TCHECK(static_cast<int64_t>(v.size()) == shape_numel(shape),
+                  "from_vector: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
+  Tensor t = empty(shape, DType::kF32);
+  std::memcpy(t.raw_data(), v.data(), v.size() * sizeof(float));
+  return t;
+}
+
+Tensor Tensor::from_vector(const std::vector<double>& v, const Shape& shape) {
+  STARLING_TCHECK(static_cast<int64_t>(v.size()) == shape_numel(shape),
+                  "from_vector: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
+  Tensor t = empty(shape, DType::kF64);
+  std::memcpy(t.raw_data(), v.data(), v.size() * sizeof(double));
+  return t;
+}
+
+Tensor Tensor::from_vector(const std::vector<int32_t>& v, const Shape& shape) {
+  STARLING_TCHECK(static_cast<int64_t>(v.size()) == shape_numel(shape),
+                  "from_vector: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
+  Tensor t = empty(shape, DType::kI32);
+  std::memcpy(t.raw_data(), v.data(), v.size() * sizeof(int32_t));
+  return t;
+}
+
+Tensor Tensor::randn(const Shape& shape, Rng& rng, double std, double mean, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  void* p = t.raw_data();
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) store_double(p, dtype, i, mean + std * rng.normal());
+  return t;
+}
+
+Tensor Tensor::uniform(const Shape& shape, Rng& rng, double lo, double hi, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  void* p = t.raw_data();
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) store_double(p, dtype, i, lo + (hi - lo) * rng.uniform());
+  return t;
+}
+
+int64_t Tensor::size(int64_t d) const { return impl_->shape[wrap_dim(d, dim())]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int64_t i = dim() - 1; i >= 0; --i) {
+    if (impl_->shape[i] == 1) continue;
+    if (impl_->strides[i] != expected) return false;
+    expected *= impl_->shape[i];
+  }
+  return true;
+}
+
+void Tensor::check_dtype(DType t) const {
+  STARLING_TCHECK(impl_ != nullptr, "access to an undefined tensor");
+  STARLING_TCHECK(t == impl_->dtype, std::string("tensor holds ") +
+                                         std::string(dtype_name(impl_->dtype)) + ", accessed as " +
+                                         std::string(dtype_name(t)));
+}
+
+std::vector<float> Tensor::to_float_vector() const {
+  std::vector<float> out(static_cast<size_t>(numel()));
+  const void* base = impl_->storage->data();
+  const DType t = dtype();
+  for_each_offset(*this, [&](int64_t off, int64_t i) {
+    out[static_cast<size_t>(i)] = static_cast<float>(load_as_double(base, t, off));
+  });
+  return out;
+}
+
+std::vector<double> Tensor::to_double_vector() const {
+  std::vector<double> out(static_cast<size_t>(numel()));
+  const void* base = impl_->storage->data();
+  const DType t = dtype();
+  for_each_offset(*this, [&](int64_t off, int64_t i) {
+    out[static_cast<size_t>(i)] = load_as_double(base, t, off);
+  });
+  return out;
+}
+
+double Tensor::item() const {
+  STARLING_TCHECK(numel() == 1, "item() on a tensor of shape " + shape_str(shape()));
+  return load_as_double(impl_->storage->data(), dtype(), impl_->offset);
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  STARLING_TCHECK(is_contiguous(), "view() of a non-contiguous tensor " + shape_str(this->shape()));
+  Shape s = shape;
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == -1) {
+      STARLING_TCHECK(infer < 0, "view(): more than one -1 in " + shape_str(shape));
+      infer = static_cast<int64_t>(i);
+    } else {
+      known *= s[i];
+    }
+  }
+  if (infer >= 0) s[infer] = known == 0 ? 0 : numel() / known;
+  STARLING_TCHECK(shape_numel(s) == numel(),
+                  "view(): cannot view " + shape_str(this->shape()) + " as " + shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>(*impl_);
+  impl->shape = s;
+  impl->strides = contiguous_strides(s);
+  impl->grad = nullptr;
+  impl->grad_fn = nullptr;
+  impl->requires_grad = false;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  return is_contiguous() ? view(shape) : contiguous().view(shape);
+}
+
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  std::vector<int64_t> perm(static_cast<size_t>(dim()));
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
+  std::swap(perm[wrap_dim(d0, dim())], perm[wrap_dim(d1, dim())]);
+  return permute(perm);
+}
+
+Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
+  STARLING_TCHECK(static_cast<int64_t>(dims.size()) == dim(), "permute(): wrong number of dims");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->offset = impl_->offset;
+  impl->dtype = impl_->dtype;
+  impl->device = impl_->device;
+  std::vector<bool> seen(dims.size(), false);
+  for (int64_t d : dims) {
+    const int64_t w = wrap_dim(d, dim());
+    STARLING_TCHECK(!seen[w], "permute(): repeated dim");
+    seen[w] = true;
+    impl->shape.push_back(impl_->shape[w]);
+    impl->strides.push_back(impl_->strides[w]);
+  }
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+  d = wrap_dim(d, dim());
+  const int64_t n = impl_->shape[d];
+  if (start < 0) start += n;
+  if (end < 0) end += n;
+  start = std::clamp<int64_t>(start, 0, n);
+  end = std::clamp<int64_t>(end, start, n);
+  STARLING_TCHECK(step > 0, "slice(): step must be positive");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->dtype = impl_->dtype;
+  impl->device = impl_->device;
+  impl->shape = impl_->shape;
+  impl->strides = impl_->strides;
+  impl->offset = impl_->offset + start * impl_->strides[d];
+  impl->shape[d] = (end - start + step - 1) / step;
+  impl->strides[d] *= step;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::select(int64_t d, int64_t index) const {
+  d = wrap_dim(d, dim());
+  STARLING_TCHECK(index >= 0 && index < impl_->shape[d], "select(): index out of range");
+  Tensor s = slice(d, index, index + 1);
+  s.impl_->shape.erase(s.impl_->shape.begin() + d);
+  s.impl_->strides.erase(s.impl_->strides.begin() + d);
+  return s;
+}
+
+Tensor Tensor::unsqueeze(int64_t d) const {
+  d = wrap_dim(d, dim() + 1);
+  auto impl = std::make_shared<TensorImpl>(*impl_);
+  impl->grad = nullptr;
+  impl->grad_fn = nullptr;
+  impl->requires_grad = false;
+  const int64_t st = d < dim() ? impl_->strides[d] * impl_->shape[d] : 1;
+  impl->shape.insert(impl->shape.begin() + d, 1);
+  impl->strides.insert(impl->strides.begin() + d, st);
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::squeeze(int64_t d) const {
+  d = wrap_dim(d, dim());
+  STARLING_TCHECK(impl_->shape[d] == 1, "squeeze(): dim is not of size 1");
+  auto impl = std::make_shared<TensorImpl>(*impl_);
+  impl->grad = nullptr;
+  impl->grad_fn = nullptr;
+  impl->requires_grad = false;
+  impl->shape.erase(impl->shape.begin() + d);
+  impl->strides.erase(impl->strides.begin() + d);
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = empty(shape(), dtype());
+  out.copy_from(*this);
+  return out;
+}
+
+Tensor Tensor::to(DType t) const {
+  if (t == dtype()) return *this;
+  Tensor out = empty(shape(), t);
+  out.copy_from(*this);
+  return out;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  STARLING_TCHECK(src.shape() == shape(), "copy_from(): shape " + shape_str(src.shape()) +
+                                              " into " + shape_str(shape()));
+  const int64_t n = numel();
+  if (n == 0) return;
+  if (src.dtype() == dtype() && src.is_contiguous() && is_contiguous()) {
+    std::memmove(raw_data(), src.raw_data(), nbytes());
+    return;
+  }
+  if (is_contiguous()) {
+    if (dtype() == DType::kF32 && src.dtype() == DType::kF32) {
+      float* d = data<float>();
+      const float* base = static_cast<const float*>(src.impl_->storage->data());
+      for_each_offset(src, [&](int64_t off, int64_t i) { d[i] = base[off]; });
+      return;
+    }
+    const void* sbase = src.impl_->storage->data();
+    void* d = raw_data();
+    const DType st = src.dtype(), dt = dtype();
+    for_each_offset(src, [&](int64_t off, int64_t i) { store_double(d, dt, i, load_as_double(sbase, st, off)); });
+    return;
+  }
+  // Non-contiguous destination: go through a contiguous copy of the source.
+  const Tensor s = src.to(dtype()).contiguous();
+  const void* sp = s.raw_data();
+  void* dbase = impl_->storage->data();
+  const DType dt = dtype();
+  for_each_offset(*this, [&](int64_t off, int64_t i) { store_double(dbase, dt, off, load_as_double(sp, dt, i)); });
+}
+
+void Tensor::fill(double value) {
+  if (is_contiguous() && dtype() == DType::kF32) {
+    std::fill_n(data<float>(), numel(), static_cast<float>(value));
+    return;
+  }
+  void* base = impl_->storage->data();
+  const DType t = dtype();
+  for_each_offset(*this, [&](int64_t off, int64_t) { store_double(base, t, off, value); });
+}
+
+Tensor& Tensor::set_requires_grad(bool r) {
+  STARLING_TCHECK(!r || dtype_is_float(dtype()), "requires_grad on a non-float tensor");
+  impl_->requires_grad = r;
+  return *this;
+}
+
+Tensor Tensor::detach() const {
+  auto impl = std::make_shared<TensorImpl>(*impl_);
+  impl->grad = nullptr;
+  impl->grad_fn = nullptr;
+  impl->requires_grad = false;
+  return Tensor(std::move(impl));
+}
+
+std::string Tensor::to_string(int64_t max_elems) const {
+  if (!defined()) return "Tensor(undefined)";
+  std::ostringstream os;
+  os << "Tensor(" << dtype_name(dtype()) << ", " << shape_str(shape()) << ", [";
+  const auto v = to_double_vector();
+  for (int64_t i = 0; i < std::min<int64_t>(max_elems, numel()); ++i) os << (i ? ", " : "") << v[i];
+  if (numel() > max_elems) os << ", ...";
+  os << "])";
+  return os.str();
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  STARLING_TCHECK(a.shape() == b.shape(), "max_abs_diff(): shape " + shape_str(a.shape()) + " vs " +
+                                              shape_str(b.shape()));
+  const auto va = a.to_double_vector();
+  const auto vb = b.to_double_vector();
+  double m = 0.0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    const double d = std::fabs(va[i] - vb[i]);
+    if (std::isnan(d)) return d;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+}  // namespace starling
