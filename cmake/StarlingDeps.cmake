@@ -2,7 +2,22 @@
 find_package(Threads REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(PkgConfig REQUIRED)
-pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+# OpenBLAS: prefer Debian's OpenMP build (libopenblas-openmp-dev) so that BLAS and our own
+# OpenMP loops share one thread pool instead of two pools spinning against each other.
+find_library(STARLING_OPENBLAS_OPENMP_LIB openblas
+  PATHS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp NO_DEFAULT_PATH)
+find_path(STARLING_OPENBLAS_OPENMP_INC cblas.h
+  PATHS /usr/include/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp NO_DEFAULT_PATH)
+add_library(starling_blas INTERFACE)
+if(STARLING_OPENBLAS_OPENMP_LIB AND STARLING_OPENBLAS_OPENMP_INC)
+  message(STATUS "starling: OpenBLAS (OpenMP) ${STARLING_OPENBLAS_OPENMP_LIB}")
+  target_include_directories(starling_blas INTERFACE ${STARLING_OPENBLAS_OPENMP_INC})
+  target_link_libraries(starling_blas INTERFACE ${STARLING_OPENBLAS_OPENMP_LIB} OpenMP::OpenMP_CXX)
+else()
+  pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+  message(STATUS "starling: OpenBLAS (pkg-config) ${OPENBLAS_LINK_LIBRARIES}")
+  target_link_libraries(starling_blas INTERFACE PkgConfig::OPENBLAS OpenMP::OpenMP_CXX)
+endif()
 find_package(spdlog REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(tomlplusplus REQUIRED)

@@ -122,11 +122,11 @@ Strides contiguous_strides(const Shape& s) {
   return st;
 }
 
-Storage::Storage(size_t nbytes) : nbytes_(nbytes) {
+Storage::Storage(size_t nbytes, bool zero) : nbytes_(nbytes) {
   const size_t alloc = std::max<size_t>(64, (nbytes + 63) / 64 * 64);
   data_ = std::aligned_alloc(64, alloc);
   if (data_ == nullptr) throw std::bad_alloc();
-  std::memset(data_, 0, alloc);
+  if (zero) std::memset(data_, 0, alloc);
 }
 
 Storage::~Storage() { std::free(data_); }
@@ -135,6 +135,17 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
   for (int64_t d : shape) STARLING_TCHECK(d >= 0, "negative dimension in shape " + shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::uninitialized(const Shape& shape, DType dtype) {
+  for (int64_t d : shape) STARLING_TCHECK(d >= 0, "negative dimension in shape " + shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage =
+      std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), false);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

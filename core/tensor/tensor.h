@@ -36,7 +36,7 @@ Strides contiguous_strides(const Shape& s);
 // Owns one aligned block of bytes. Thread-compatible.
 class Storage {
  public:
-  explicit Storage(size_t nbytes);  // zero-initialized
+  explicit Storage(size_t nbytes, bool zero = true);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -70,6 +70,8 @@ class Tensor {
 
   // Factories (CPU). `zeros`/`empty` both zero-fill: storage is always initialized.
   static Tensor empty(const Shape& shape, DType dtype = DType::kF32);
+  // Storage left uninitialized: only for kernels that overwrite every element.
+  static Tensor uninitialized(const Shape& shape, DType dtype = DType::kF32);
   static Tensor zeros(const Shape& shape, DType dtype = DType::kF32);
   static Tensor ones(const Shape& shape, DType dtype = DType::kF32);
   static Tensor full(const Shape& shape, double value, DType dtype = DType::kF32);

@@ -1,0 +1,126 @@
+// The backward walk: topological order over tensors, gradients summed per tensor.
+#include "core/autograd/autograd.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace starling::autograd {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+
+[[noreturn]] void fatal(const std::string& msg) {
+  std::fprintf(stderr, "starling: fatal autograd error: %s\n", msg.c_str());
+  std::abort();
+}
+
+template <typename T>
+void add_loop(T* d, const T* s, int64_t n) {
+#pragma omp parallel for simd if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+}
+}  // namespace
+
+bool grad_enabled() { return g_grad_enabled; }
+
+NoGradGuard::NoGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!g_grad_enabled) return false;
+  for (const Tensor* t : inputs) {
+    if (t != nullptr && t->defined() && t->requires_grad()) return true;
+  }
+  return false;
+}
+
+Tensor record(Tensor out, const char* name, std::vector<Tensor> inputs, BackwardFn fn) {
+  auto node = std::make_shared<FunctionNode>(name, std::move(fn));
+  node->inputs = std::move(inputs);
+  out.impl()->grad_fn = std::move(node);
+  out.impl()->requires_grad = true;
+  return out;
+}
+
+void accumulate_into(Tensor& dst, const Tensor& src) {
+  if (dst.shape() != src.shape()) {
+    fatal("gradient of shape " + shape_str(src.shape()) + " for tensor of shape " +
+          shape_str(dst.shape()));
+  }
+  const Tensor s = src.dtype() == dst.dtype() ? src.contiguous() : src.to(dst.dtype()).contiguous();
+  if (dst.dtype() == DType::kF32) {
+    add_loop(dst.data<float>(), s.data<float>(), dst.numel());
+  } else if (dst.dtype() == DType::kF64) {
+    add_loop(dst.data<double>(), s.data<double>(), dst.numel());
+  } else {
+    fatal("gradient accumulation into " + std::string(dtype_name(dst.dtype())));
+  }
+}
+
+void backward(const Tensor& root, const Tensor& grad_output) {
+  if (!root.requires_grad()) fatal("backward() on a tensor that does not require grad");
+  Tensor g0 = grad_output;
+  if (!g0.defined()) {
+    if (root.numel() != 1) fatal("backward() without grad_output needs a one-element root");
+    g0 = Tensor::ones(root.shape(), root.dtype());
+  }
+  NoGradGuard no_grad;
+
+  // Iterative DFS post-order over tensors that carry a grad_fn.
+  // `order` owns the tensors: releasing a node below may drop the last other reference.
+  std::vector<std::shared_ptr<TensorImpl>> order;
+  std::unordered_set<TensorImpl*> visited;
+  std::vector<std::pair<std::shared_ptr<TensorImpl>, size_t>> stack;
+  stack.emplace_back(root.impl(), 0);
+  visited.insert(root.impl().get());
+  while (!stack.empty()) {
+    auto& [t, next] = stack.back();
+    Node* node = t->grad_fn.get();
+    if (node != nullptr && next < node->inputs.size()) {
+      std::shared_ptr<TensorImpl> in = node->inputs[next++].impl();
+      if (in != nullptr && in->requires_grad && visited.insert(in.get()).second) {
+        stack.emplace_back(std::move(in), 0);
+      }
+      continue;
+    }
+    order.push_back(std::move(t));
+    stack.pop_back();
+  }
+
+  std::unordered_map<TensorImpl*, Tensor> grads;
+  grads.emplace(root.impl().get(), g0.contiguous());
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    TensorImpl* t = it->get();
+    auto git = grads.find(t);
+    if (git == grads.end()) continue;
+    Tensor g = std::move(git->second);
+    grads.erase(git);
+    if (t->grad_fn == nullptr) {
+      if (!t->grad) {
+        t->grad = g.clone().impl();
+      } else {
+        Tensor acc(t->grad);
+        accumulate_into(acc, g);
+      }
+      continue;
+    }
+    std::shared_ptr<Node> node = std::move(t->grad_fn);  // releases the graph as we go
+    t->grad_fn = nullptr;
+    std::vector<Tensor> gins = node->backward(g);
+    for (size_t i = 0; i < node->inputs.size() && i < gins.size(); ++i) {
+      const Tensor& in = node->inputs[i];
+      if (!in.defined() || !in.requires_grad() || !gins[i].defined()) continue;
+      auto [slot, inserted] = grads.try_emplace(in.impl().get(), gins[i]);
+      if (!inserted) {
+        if (slot->second.shares_storage(gins[i]) || slot->second.impl().use_count() > 1) {
+          slot->second = slot->second.clone();
+        }
+        accumulate_into(slot->second, gins[i]);
+      }
+    }
+  }
+}
+
+}  // namespace starling::autograd

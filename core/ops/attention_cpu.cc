@@ -1,0 +1,131 @@
+// CPU attention: per (batch, head) BLAS products over strided rows, probabilities kept for
+// the backward pass. Parallel over (batch, head); BLAS runs single-threaded inside.
+#include <cmath>
+
+#include "core/autograd/autograd.h"
+#include "core/ops/attention.h"
+#include "core/ops/internal/op_util.h"
+#include "core/ops/matmul.h"
+#include "core/ops/softmax.h"
+
+namespace starling::ops {
+
+namespace {
+using internal::gemm;
+
+// Where head h of batch b starts, and the row stride (in elements), for q, k, v and out.
+struct Layout {
+  int64_t b_stride, h_stride, row_stride;
+  int64_t at(int64_t b, int64_t h) const { return b * b_stride + h * h_stride; }
+};
+
+template <typename T>
+void attn_forward(const T* q, const T* k, const T* v, Layout in, T* out, Layout ol, T* probs,
+                  int64_t B, int64_t H, int64_t Tn, int64_t D, bool causal) {
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t b = bh / H, h = bh % H;
+    T* p = probs + bh * Tn * Tn;
+    const int64_t io = in.at(b, h);
+    gemm<T>(false, true, Tn, Tn, D, scale, q + io, in.row_stride, k + io, in.row_stride, T(0), p, Tn);
+    for (int64_t t = 0; t < Tn; ++t) internal::softmax_row(p + t * Tn, Tn, causal ? t + 1 : Tn);
+    gemm<T>(false, false, Tn, D, Tn, T(1), p, Tn, v + io, in.row_stride, T(0), out + ol.at(b, h),
+            ol.row_stride);
+  }
+}
+
+template <typename T>
+void attn_backward(const T* q, const T* k, const T* v, Layout in, const T* gout, Layout ol,
+                   const T* probs, T* gq, T* gk, T* gv, Layout gl, int64_t B, int64_t H,
+                   int64_t Tn, int64_t D) {
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
+#pragma omp parallel
+  {
+    std::vector<T> dp(static_cast<size_t>(Tn * Tn));
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const T* p = probs + bh * Tn * Tn;
+      const int64_t io = in.at(b, h), oo = ol.at(b, h), go = gl.at(b, h);
+      // dV = P^T dO
+      gemm<T>(true, false, Tn, D, Tn, T(1), p, Tn, gout + oo, ol.row_stride, T(0), gv + go,
+              gl.row_stride);
+      // dP = dO V^T
+      gemm<T>(false, true, Tn, Tn, D, T(1), gout + oo, ol.row_stride, v + io, in.row_stride, T(0),
+              dp.data(), Tn);
+      // dS = P * (dP - rowsum(dP * P)) * scale
+      for (int64_t t = 0; t < Tn; ++t) {
+        T* row = dp.data() + t * Tn;
+        const T* prow = p + t * Tn;
+        T dot = 0;
+        for (int64_t j = 0; j < Tn; ++j) dot += row[j] * prow[j];
+        for (int64_t j = 0; j < Tn; ++j) row[j] = prow[j] * (row[j] - dot) * scale;
+      }
+      // dQ = dS K ; dK = dS^T Q
+      gemm<T>(false, false, Tn, D, Tn, T(1), dp.data(), Tn, k + io, in.row_stride, T(0), gq + go,
+              gl.row_stride);
+      gemm<T>(true, false, Tn, D, Tn, T(1), dp.data(), Tn, q + io, in.row_stride, T(0), gk + go,
+              gl.row_stride);
+    }
+  }
+}
+
+}  // namespace
+
+Tensor attention_packed(const Tensor& qkv, int64_t n_head, bool causal) {
+  STARLING_OP_CHECK(qkv.dim() == 3 && qkv.shape()[2] % 3 == 0, "attention",
+                    "qkv must be (B, T, 3C), got " + shape_str(qkv.shape()));
+  const int64_t B = qkv.shape()[0], Tn = qkv.shape()[1], C = qkv.shape()[2] / 3;
+  STARLING_OP_CHECK(n_head > 0 && C % n_head == 0, "attention", "C not divisible by n_head");
+  const int64_t D = C / n_head;
+  const Tensor x = qkv.contiguous();
+  Tensor out = Tensor::uninitialized({B, Tn, C}, qkv.dtype());
+  Tensor probs = Tensor::uninitialized({B, n_head, Tn, Tn}, qkv.dtype());
+  const Layout in{Tn * 3 * C, D, 3 * C}, ol{Tn * C, D, C};
+  internal::dispatch_float(qkv.dtype(), "attention", [&]<typename T>() {
+    const T* p = x.data<T>();
+    attn_forward<T>(p, p + C, p + 2 * C, in, out.data<T>(), ol, probs.data<T>(), B, n_head, Tn, D,
+                    causal);
+  });
+  if (!autograd::needs_grad({&qkv})) return out;
+  return autograd::record(out, "attention", {qkv}, [x, probs, B, Tn, C, D, n_head, in, ol](const Tensor& g) {
+    const Tensor gc = g.contiguous();
+    Tensor gx = Tensor::uninitialized(x.shape(), x.dtype());
+    internal::dispatch_float(x.dtype(), "attention", [&]<typename T>() {
+      const T* p = x.data<T>();
+      T* gp = gx.data<T>();
+      attn_backward<T>(p, p + C, p + 2 * C, in, gc.data<T>(), ol, probs.data<T>(), gp, gp + C,
+                       gp + 2 * C, in, B, n_head, Tn, D);
+    });
+    return std::vector<Tensor>{gx};
+  });
+}
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  STARLING_OP_CHECK(q.dim() == 4 && q.shape() == k.shape() && q.shape() == v.shape(), "attention",
+                    "q, k, v must share one (B, H, T, D) shape");
+  const int64_t B = q.shape()[0], H = q.shape()[1], Tn = q.shape()[2], D = q.shape()[3];
+  const Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  Tensor out = Tensor::uninitialized(q.shape(), q.dtype());
+  Tensor probs = Tensor::uninitialized({B, H, Tn, Tn}, q.dtype());
+  const Layout l{H * Tn * D, Tn * D, D};
+  internal::dispatch_float(q.dtype(), "attention", [&]<typename T>() {
+    attn_forward<T>(qc.data<T>(), kc.data<T>(), vc.data<T>(), l, out.data<T>(), l, probs.data<T>(),
+                    B, H, Tn, D, causal);
+  });
+  if (!autograd::needs_grad({&q, &k, &v})) return out;
+  return autograd::record(out, "attention", {q, k, v}, [qc, kc, vc, probs, l, B, H, Tn, D](const Tensor& g) {
+    const Tensor gc = g.contiguous();
+    Tensor gq = Tensor::uninitialized(qc.shape(), qc.dtype());
+    Tensor gk = Tensor::uninitialized(qc.shape(), qc.dtype());
+    Tensor gv = Tensor::uninitialized(qc.shape(), qc.dtype());
+    internal::dispatch_float(qc.dtype(), "attention", [&]<typename T>() {
+      attn_backward<T>(qc.data<T>(), kc.data<T>(), vc.data<T>(), l, gc.data<T>(), l,
+                       probs.data<T>(), gq.data<T>(), gk.data<T>(), gv.data<T>(), l, B, H, Tn, D);
+    });
+    return std::vector<Tensor>{gq, gk, gv};
+  });
+}
+
+}  // namespace starling::ops

@@ -1,0 +1,183 @@
+// CPU matrix products: OpenBLAS sgemm/dgemm, with the backward products of each.
+#include <cblas.h>
+
+#include "core/autograd/autograd.h"
+#include "core/ops/internal/op_util.h"
+#include "core/ops/matmul.h"
+#include "core/ops/reduce.h"
+
+namespace starling::ops {
+
+namespace internal {
+
+template <>
+void gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(ldc));
+}
+
+template <>
+void gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+                  int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(ldc));
+}
+
+}  // namespace internal
+
+namespace {
+using internal::dispatch_float;
+using internal::gemm;
+
+// A 2-D operand as BLAS sees it: pointer, transposed flag and leading dimension.
+struct MatArg {
+  Tensor keep;  // holds a contiguous copy when one was needed
+  bool trans = false;
+  int64_t ld = 0;
+};
+
+MatArg as_blas(const Tensor& t) {
+  const int64_t r = t.shape()[0], c = t.shape()[1];
+  if (t.strides()[1] == 1 && t.strides()[0] >= std::max<int64_t>(c, 1)) return {t, false, t.strides()[0]};
+  if (t.strides()[0] == 1 && t.strides()[1] >= std::max<int64_t>(r, 1)) return {t, true, t.strides()[1]};
+  Tensor cc = t.contiguous();
+  return {cc, false, std::max<int64_t>(c, 1)};
+}
+
+// out (M,N) = op(a) (M,K) * op(b) (K,N), where a and b are 2-D views; `ta`/`tb` request an
+// extra logical transpose on top of the view.
+template <typename T>
+void mm2d(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& out, T beta) {
+  const MatArg A = as_blas(a), B = as_blas(b);
+  const int64_t m = ta ? a.shape()[1] : a.shape()[0];
+  const int64_t k = ta ? a.shape()[0] : a.shape()[1];
+  const int64_t n = tb ? b.shape()[0] : b.shape()[1];
+  gemm<T>(A.trans != ta, B.trans != tb, m, n, k, T(1), A.keep.data<T>(), A.ld, B.keep.data<T>(),
+          B.ld, beta, out.data<T>(), n);
+}
+
+Tensor flatten_rows(const Tensor& t) {
+  const int64_t k = t.shape().back();
+  return t.reshape({t.numel() / std::max<int64_t>(k, 1), k});
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  STARLING_OP_CHECK(a.dtype() == b.dtype(), "matmul", "dtype mismatch");
+  STARLING_OP_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul", "operands must be at least 2-D");
+  const int64_t k = a.shape().back();
+  STARLING_OP_CHECK(b.shape()[b.dim() - 2] == k, "matmul",
+                    "inner dimensions differ: " + shape_str(a.shape()) + " x " + shape_str(b.shape()));
+  if (b.dim() == 2) {
+    const Tensor a2 = a.dim() == 2 ? a : flatten_rows(a);
+    const int64_t n = b.shape()[1];
+    Shape out_shape(a.shape().begin(), a.shape().end() - 1);
+    out_shape.push_back(n);
+    Tensor out = Tensor::uninitialized({a2.shape()[0], n}, a.dtype());
+    dispatch_float(a.dtype(), "matmul", [&]<typename T>() { mm2d<T>(a2, false, b, false, out, T(0)); });
+    out = out.view(out_shape);
+    if (!autograd::needs_grad({&a, &b})) return out;
+    const Tensor da = a2.detach(), db = b.detach();
+    const Shape a_shape = a.shape();
+    return autograd::record(out, "matmul", {a, b}, [da, db, a_shape](const Tensor& g) {
+      const Tensor g2 = flatten_rows(g.contiguous());
+      Tensor ga = Tensor::uninitialized(da.shape(), da.dtype());
+      Tensor gb = Tensor::uninitialized(db.shape(), db.dtype());
+      dispatch_float(da.dtype(), "matmul", [&]<typename T>() {
+        mm2d<T>(g2, false, db, true, ga, T(0));   // (M,N) x (N,K)
+        mm2d<T>(da, true, g2, false, gb, T(0));   // (K,M) x (M,N)
+      });
+      return std::vector<Tensor>{ga.view(a_shape), gb};
+    });
+  }
+  // Batched: equal leading dims.
+  STARLING_OP_CHECK(a.dim() == b.dim(), "matmul", "batched operands need the same rank");
+  for (int64_t i = 0; i + 2 < a.dim(); ++i) {
+    STARLING_OP_CHECK(a.shape()[i] == b.shape()[i], "matmul",
+                      "batch dims differ: " + shape_str(a.shape()) + " x " + shape_str(b.shape()));
+  }
+  const int64_t m = a.shape()[a.dim() - 2], n = b.shape().back();
+  const Tensor a3 = a.reshape({-1, m, k}), b3 = b.reshape({-1, k, n});
+  const int64_t batch = a3.shape()[0];
+  Shape out_shape(a.shape().begin(), a.shape().end() - 1);
+  out_shape.push_back(n);
+  Tensor out = Tensor::uninitialized({batch, m, n}, a.dtype());
+  dispatch_float(a.dtype(), "matmul", [&]<typename T>() {
+    for (int64_t i = 0; i < batch; ++i) {
+      Tensor oi = out.select(0, i);
+      mm2d<T>(a3.select(0, i), false, b3.select(0, i), false, oi, T(0));
+    }
+  });
+  out = out.view(out_shape);
+  if (!autograd::needs_grad({&a, &b})) return out;
+  const Tensor da = a3.detach(), db = b3.detach();
+  const Shape a_shape = a.shape(), b_shape = b.shape();
+  return autograd::record(out, "bmm", {a, b}, [da, db, a_shape, b_shape](const Tensor& g) {
+    const Tensor g3 = g.contiguous().view({da.shape()[0], da.shape()[1], db.shape()[2]});
+    Tensor ga = Tensor::uninitialized(da.shape(), da.dtype());
+    Tensor gb = Tensor::uninitialized(db.shape(), db.dtype());
+    dispatch_float(da.dtype(), "matmul", [&]<typename T>() {
+      for (int64_t i = 0; i < da.shape()[0]; ++i) {
+        Tensor gai = ga.select(0, i), gbi = gb.select(0, i);
+        mm2d<T>(g3.select(0, i), false, db.select(0, i), true, gai, T(0));
+        mm2d<T>(da.select(0, i), true, g3.select(0, i), false, gbi, T(0));
+      }
+    });
+    return std::vector<Tensor>{ga.view(a_shape), gb.view(b_shape)};
+  });
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  STARLING_OP_CHECK(w.dim() == 2, "linear", "weight must be (out, in)");
+  STARLING_OP_CHECK(x.shape().back() == w.shape()[1], "linear",
+                    "input " + shape_str(x.shape()) + " does not match weight " + shape_str(w.shape()));
+  STARLING_OP_CHECK(x.dtype() == w.dtype(), "linear", "dtype mismatch");
+  const Tensor x2 = flatten_rows(x);
+  const int64_t rows = x2.shape()[0], out_f = w.shape()[0];
+  Tensor out = Tensor::uninitialized({rows, out_f}, x.dtype());
+  dispatch_float(x.dtype(), "linear", [&]<typename T>() {
+    T beta = T(0);
+    if (bias.defined()) {
+      STARLING_OP_CHECK(bias.numel() == out_f && bias.dtype() == x.dtype(), "linear", "bad bias");
+      const Tensor bc = bias.contiguous();
+      const T* pb = bc.data<T>();
+      T* po = out.data<T>();
+      for (int64_t r = 0; r < rows; ++r) std::copy(pb, pb + out_f, po + r * out_f);
+      beta = T(1);
+    }
+    mm2d<T>(x2, false, w, true, out, beta);
+  });
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(out_f);
+  out = out.view(out_shape);
+  if (!autograd::needs_grad({&x, &w, &bias})) return out;
+  const Tensor dx = x2.detach(), dw = w.detach();
+  const Shape x_shape = x.shape();
+  const bool has_bias = bias.defined();
+  const bool need_x = x.requires_grad();
+  return autograd::record(
+      out, "linear", {x, w, bias}, [dx, dw, x_shape, has_bias, need_x](const Tensor& g) {
+        const Tensor g2 = flatten_rows(g.contiguous());
+        std::vector<Tensor> r(3);
+        dispatch_float(dx.dtype(), "linear", [&]<typename T>() {
+          if (need_x) {
+            Tensor gx = Tensor::uninitialized(dx.shape(), dx.dtype());
+            mm2d<T>(g2, false, dw, false, gx, T(0));  // (R,out) x (out,in)
+            r[0] = gx.view(x_shape);
+          }
+          Tensor gw = Tensor::uninitialized(dw.shape(), dw.dtype());
+          mm2d<T>(g2, true, dx, false, gw, T(0));  // (out,R) x (R,in)
+          r[1] = gw;
+          if (has_bias) r[2] = sum(g2, 0, false);
+        });
+        return r;
+      });
+}
+
+}  // namespace starling::ops
