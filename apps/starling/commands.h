@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace starling::apps {
 
@@ -12,8 +13,12 @@ struct CommandContext {
   int exit_code = 0;
 };
 
+// Prints "starling: error: <message>" to stderr and sets the exit code to 1.
+void fail(CommandContext& ctx, const std::string& message);
+
 void register_train(CLI::App& app, CommandContext& ctx);   // starling train
 void register_sample(CLI::App& app, CommandContext& ctx);  // starling sample
 void register_certs(CLI::App& app, CommandContext& ctx);   // starling certs ...
+void register_info(CLI::App& app, CommandContext& ctx);    // starling info
 
 }  // namespace starling::apps

@@ -1,0 +1,55 @@
+// Attention, MLP and block forward passes; GPT-2 style init (residual projections scaled by
+// 1/sqrt(2L)).
+#include "core/nn/transformer.h"
+
+#include <cmath>
+
+#include "core/ops/ops.h"
+
+namespace starling::nn {
+
+namespace {
+double residual_std(const TransformerShape& s) {
+  return 0.02 / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(s.n_layer, 1)));
+}
+}  // namespace
+
+SelfAttention::SelfAttention(const TransformerShape& s, Rng& init, Rng& dropout_rng)
+    : s_(s), rng_(&dropout_rng) {
+  c_attn = register_module("c_attn", std::make_shared<Linear>(s.n_embd, 3 * s.n_embd, s.bias, init));
+  c_proj = register_module("c_proj",
+                           std::make_shared<Linear>(s.n_embd, s.n_embd, s.bias, init, residual_std(s)));
+}
+
+Tensor SelfAttention::forward(const Tensor& x) const {
+  const Tensor qkv = c_attn->forward(x);                          // (B, T, 3C)
+  const Tensor y = ops::attention_packed(qkv, s_.n_head, s_.causal);  // (B, T, C)
+  // Attention-probability dropout is folded into residual dropout here (nanoGPT applies both
+  // with the same p; with p = 0 the two are identical).
+  return ops::dropout(c_proj->forward(y), s_.dropout, training(), *rng_);
+}
+
+Mlp::Mlp(const TransformerShape& s, Rng& init, Rng& dropout_rng)
+    : dropout_(s.dropout), rng_(&dropout_rng) {
+  c_fc = register_module("c_fc", std::make_shared<Linear>(s.n_embd, 4 * s.n_embd, s.bias, init));
+  c_proj = register_module("c_proj",
+                           std::make_shared<Linear>(4 * s.n_embd, s.n_embd, s.bias, init, residual_std(s)));
+}
+
+Tensor Mlp::forward(const Tensor& x) const {
+  return ops::dropout(c_proj->forward(ops::gelu(c_fc->forward(x))), dropout_, training(), *rng_);
+}
+
+Block::Block(const TransformerShape& s, Rng& init, Rng& dropout_rng) {
+  ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(s.n_embd, s.bias));
+  attn = register_module("attn", std::make_shared<SelfAttention>(s, init, dropout_rng));
+  ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(s.n_embd, s.bias));
+  mlp = register_module("mlp", std::make_shared<Mlp>(s, init, dropout_rng));
+}
+
+Tensor Block::forward(const Tensor& x) const {
+  const Tensor h = ops::add(x, attn->forward(ln_1->forward(x)));
+  return ops::add(h, mlp->forward(ln_2->forward(h)));
+}
+
+}  // namespace starling::nn

@@ -1,0 +1,59 @@
+// Transformer pieces shared by GPT and the masked diffusion LM: multi-head self-attention,
+// the GELU MLP and the pre-norm block. Names match nanoGPT's (c_attn, c_proj, c_fc, ln_1...).
+#pragma once
+
+#include <memory>
+
+#include "core/nn/layers.h"
+
+namespace starling::nn {
+
+struct TransformerShape {
+  int64_t n_embd = 128;  // C
+  int64_t n_head = 4;    // H
+  int64_t n_layer = 4;   // L (scales the residual projections' init)
+  double dropout = 0.0;
+  bool bias = false;
+  bool causal = true;
+};
+
+// x: (B, T, C) -> (B, T, C). `rng` draws dropout masks; it must outlive the module.
+class SelfAttention : public Module {
+ public:
+  SelfAttention(const TransformerShape& s, Rng& init, Rng& dropout_rng);
+  Tensor forward(const Tensor& x) const;
+
+  std::shared_ptr<Linear> c_attn;  // C -> 3C (q | k | v)
+  std::shared_ptr<Linear> c_proj;  // C -> C
+
+ private:
+  TransformerShape s_;
+  Rng* rng_;
+};
+
+class Mlp : public Module {
+ public:
+  Mlp(const TransformerShape& s, Rng& init, Rng& dropout_rng);
+  Tensor forward(const Tensor& x) const;  // C -> 4C -> GELU -> C
+
+  std::shared_ptr<Linear> c_fc;
+  std::shared_ptr<Linear> c_proj;
+
+ private:
+  double dropout_;
+  Rng* rng_;
+};
+
+// x + attn(ln_1(x)), then + mlp(ln_2(.)).
+class Block : public Module {
+ public:
+  Block(const TransformerShape& s, Rng& init, Rng& dropout_rng);
+  Tensor forward(const Tensor& x) const;
+
+  std::shared_ptr<LayerNorm> ln_1;
+  std::shared_ptr<SelfAttention> attn;
+  std::shared_ptr<LayerNorm> ln_2;
+  std::shared_ptr<Mlp> mlp;
+};
+
+}  // namespace starling::nn

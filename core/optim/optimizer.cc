@@ -1,0 +1,143 @@
+// Fused per-parameter update loops (one pass over p, g and the state), OpenMP-parallel.
+#include "core/optim/optimizer.h"
+
+#include <cmath>
+
+#include "core/autograd/autograd.h"
+
+namespace starling::optim {
+
+namespace {
+template <typename F>
+void for_float(const Tensor& t, F&& f) {
+  if (t.dtype() == DType::kF32) {
+    f.template operator()<float>();
+  } else {
+    f.template operator()<double>();
+  }
+}
+}  // namespace
+
+std::vector<ParamGroup> decay_matrices_only(const std::vector<Tensor>& params) {
+  std::vector<ParamGroup> out;
+  for (const auto& p : params) out.push_back({p, p.dim() >= 2});
+  return out;
+}
+
+void Optimizer::zero_grad() {
+  for (auto& g : params_) g.param.impl()->grad = nullptr;
+}
+
+Sgd::Sgd(std::vector<ParamGroup> params, SgdOptions opt) : Optimizer(std::move(params)), opt_(opt) {
+  for (auto& g : params_) velocity_.push_back(Tensor::zeros(g.param.shape(), g.param.dtype()));
+}
+
+void Sgd::step(double lr) {
+  autograd::NoGradGuard ng;
+  ++steps_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor p = params_[i].param;
+    const Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    const double wd = params_[i].decay ? opt_.weight_decay : 0.0;
+    const bool first = steps_ == 1;
+    for_float(p, [&]<typename T>() {
+      T* pp = p.data<T>();
+      const T* pg = grad.data<T>();
+      T* pv = velocity_[i].data<T>();
+      const int64_t n = p.numel();
+      const T mom = static_cast<T>(opt_.momentum), tlr = static_cast<T>(lr), twd = static_cast<T>(wd);
+#pragma omp parallel for simd if (n > (1 << 15))
+      for (int64_t j = 0; j < n; ++j) {
+        T d = pg[j] + twd * pp[j];
+        if (mom != T(0)) {
+          pv[j] = first ? d : mom * pv[j] + d;
+          d = opt_.nesterov ? d + mom * pv[j] : pv[j];
+        }
+        pp[j] -= tlr * d;
+      }
+    });
+  }
+}
+
+AdamW::AdamW(std::vector<ParamGroup> params, AdamWOptions opt)
+    : Optimizer(std::move(params)), opt_(opt) {
+  for (auto& g : params_) {
+    m_.push_back(Tensor::zeros(g.param.shape(), g.param.dtype()));
+    v_.push_back(Tensor::zeros(g.param.shape(), g.param.dtype()));
+  }
+}
+
+void AdamW::step(double lr) {
+  autograd::NoGradGuard ng;
+  ++steps_;
+  const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(steps_));
+  const double bc2 = 1.0 - std::pow(opt_.beta2, static_cast<double>(steps_));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor p = params_[i].param;
+    const Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    const double wd = params_[i].decay ? opt_.weight_decay : 0.0;
+    for_float(p, [&]<typename T>() {
+      T* pp = p.data<T>();
+      const T* pg = grad.data<T>();
+      T* pm = m_[i].data<T>();
+      T* pv = v_[i].data<T>();
+      const int64_t n = p.numel();
+      const T b1 = static_cast<T>(opt_.beta1), b2 = static_cast<T>(opt_.beta2);
+      const T step_size = static_cast<T>(lr / bc1);
+      const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
+      const T eps = static_cast<T>(opt_.eps);
+      const T decay = static_cast<T>(1.0 - lr * wd);
+#pragma omp parallel for simd if (n > (1 << 15))
+      for (int64_t j = 0; j < n; ++j) {
+        const T g = pg[j];
+        pm[j] = b1 * pm[j] + (1 - b1) * g;
+        pv[j] = b2 * pv[j] + (1 - b2) * g * g;
+        const T denom = std::sqrt(pv[j]) * inv_sqrt_bc2 + eps;
+        pp[j] = pp[j] * decay - step_size * pm[j] / denom;
+      }
+    });
+  }
+}
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  double sq = 0.0;
+  for (const auto& p : params) {
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    for_float(g, [&]<typename T>() {
+      const T* pg = g.data<T>();
+      const int64_t n = g.numel();
+      double s = 0.0;
+#pragma omp parallel for simd reduction(+ : s) if (n > (1 << 15))
+      for (int64_t j = 0; j < n; ++j) s += static_cast<double>(pg[j]) * pg[j];
+      sq += s;
+    });
+  }
+  const double norm = std::sqrt(sq);
+  if (max_norm > 0.0 && norm > max_norm) {
+    const double scale = max_norm / (norm + 1e-6);
+    for (const auto& p : params) {
+      Tensor g = p.grad();
+      if (!g.defined()) continue;
+      for_float(g, [&]<typename T>() {
+        T* pg = g.data<T>();
+        const T s = static_cast<T>(scale);
+        for (int64_t j = 0; j < g.numel(); ++j) pg[j] *= s;
+      });
+    }
+  }
+  return norm;
+}
+
+double CosineSchedule::at(int64_t it) const {
+  if (it < warmup_iters) return lr * static_cast<double>(it + 1) / static_cast<double>(warmup_iters + 1);
+  if (it > decay_iters) return min_lr;
+  const double ratio = static_cast<double>(it - warmup_iters) /
+                       static_cast<double>(std::max<int64_t>(decay_iters - warmup_iters, 1));
+  const double coeff = 0.5 * (1.0 + std::cos(M_PI * ratio));
+  return min_lr + coeff * (lr - min_lr);
+}
+
+}  // namespace starling::optim

@@ -1,0 +1,45 @@
+// GPT checkpoints: a safetensors file holding the weights plus, in its metadata, the run's
+// effective TOML config and the tokenizer, so that `starling sample` needs nothing else.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/data/tokenizer.h"
+#include "core/wire/config.pb.h"
+#include "models/gpt/gpt.h"
+
+namespace starling::models {
+
+struct GptCheckpointInfo {
+  int64_t iter = 0;
+  double train_loss = 0.0;
+  double val_loss = 0.0;
+};
+
+// Writes weights + metadata atomically to `path`.
+Status save_gpt_checkpoint(const std::filesystem::path& path, const Gpt& model,
+                           const v1::RunConfig& config, const data::Tokenizer& tokenizer,
+                           const GptCheckpointInfo& info);
+
+struct LoadedGpt {
+  v1::RunConfig config;
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  std::unique_ptr<Gpt> model;
+  GptCheckpointInfo info;
+};
+
+// Loads a checkpoint written by save_gpt_checkpoint. A missing or corrupt file, missing
+// metadata, a config that does not parse or weights that do not fit the config each give one
+// error naming the file (and the key). `data_dir` is used only for the GPT-2 tokenizer files.
+Result<LoadedGpt> load_gpt_checkpoint(const std::filesystem::path& path,
+                                      const std::string& data_dir_override = "");
+
+// Builds the tokenizer named by the config: CHAR from `corpus`, GPT2 from <data_dir>/gpt2.
+Result<std::unique_ptr<data::Tokenizer>> make_tokenizer(const v1::DataConfig& data,
+                                                        const std::string& corpus,
+                                                        const std::filesystem::path& data_dir);
+
+}  // namespace starling::models

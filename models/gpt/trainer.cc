@@ -1,0 +1,183 @@
+// train_gpt: nanoGPT's training loop in C++ (same batches, schedule, clipping and evaluation).
+#include "models/gpt/trainer.h"
+
+#include <omp.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <fstream>
+
+#include "core/autograd/autograd.h"
+#include "core/config/toml_config.h"
+#include "core/data/data_dir.h"
+#include "core/data/text_dataset.h"
+#include "core/data/text_file.h"
+#include "core/optim/optimizer.h"
+#include "models/gpt/checkpoint.h"
+
+namespace starling::models {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string format_eta(double seconds) {
+  const auto s = static_cast<int64_t>(seconds);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%lld:%02lld", static_cast<long long>(s / 60),
+                static_cast<long long>(s % 60));
+  return buf;
+}
+
+// Mean loss over eval_iters batches of each split, in eval mode, no history.
+Result<std::pair<double, double>> estimate_loss(Gpt& model, const data::TextDataset& ds,
+                                                const v1::RunConfig& cfg, Rng& rng) {
+  autograd::NoGradGuard ng;
+  model.train(false);
+  double out[2] = {0, 0};
+  const int64_t b = cfg.train().batch_size(), t = cfg.model().block_size();
+  const int n = std::max(1, cfg.train().eval_iters());
+  for (int s = 0; s < 2; ++s) {
+    const auto split = s == 0 ? data::Split::kTrain : data::Split::kVal;
+    for (int i = 0; i < n; ++i) {
+      ASSIGN_OR_RETURN(data::Batch batch, ds.get_batch(split, b, t, rng));
+      out[s] += model.loss(batch.x, batch.y).item();
+    }
+    out[s] /= n;
+  }
+  model.train(true);
+  return std::make_pair(out[0], out[1]);
+}
+
+}  // namespace
+
+Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& config_source) {
+  const auto& tc = cfg.train();
+  if (tc.threads() > 0) omp_set_num_threads(tc.threads());
+
+  // Data.
+  ASSIGN_OR_RETURN(auto data_dir, data::resolve_data_dir(cfg.data().data_dir()),
+                   config_source + ": data.data_dir");
+  std::filesystem::path text_path;
+  if (!cfg.data().path().empty()) {
+    text_path = cfg.data().path();
+  } else {
+    ASSIGN_OR_RETURN(text_path, data::resolve_dataset_file(data_dir, cfg.data().dataset()),
+                     config_source + ": data.dataset");
+  }
+  ASSIGN_OR_RETURN(std::string text, data::read_text_file(text_path), config_source + ": data");
+  ASSIGN_OR_RETURN(auto tokenizer, make_tokenizer(cfg.data(), text, data_dir));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->encode(text), text_path.string());
+  ASSIGN_OR_RETURN(data::TextDataset ds,
+                   data::TextDataset::from_tokens(std::move(ids), cfg.data().val_fraction()));
+  spdlog::info("data: {} ({} tokens: {} train, {} val), tokenizer {} (V={})", text_path.string(),
+               ds.train_size() + ds.val_size(), ds.train_size(), ds.val_size(), tokenizer->name(),
+               tokenizer->vocab_size());
+
+  // Model and optimizer.
+  GptConfig gc = GptConfig::from_proto(cfg.model(), tokenizer->vocab_size());
+  RETURN_IF_ERROR(gc.validate(), config_source);
+  if (gc.vocab_size < tokenizer->vocab_size()) {
+    return invalid_argument(config_source + ": model.vocab_size " + std::to_string(gc.vocab_size) +
+                            " is smaller than the tokenizer's " +
+                            std::to_string(tokenizer->vocab_size()));
+  }
+  Gpt model(gc, tc.seed());
+  spdlog::info("model: GPT L={} H={} C={} T={} V={}, {:.2f}M parameters, seed {}", gc.n_layer,
+               gc.n_head, gc.n_embd, gc.block_size, gc.vocab_size,
+               static_cast<double>(model.num_parameters()) / 1e6, tc.seed());
+  std::unique_ptr<optim::Optimizer> opt;
+  auto groups = optim::decay_matrices_only(model.parameters());
+  if (tc.optimizer() == v1::TrainConfig::SGD) {
+    opt = std::make_unique<optim::Sgd>(groups, optim::SgdOptions{tc.momentum(), tc.weight_decay(), false});
+  } else {
+    opt = std::make_unique<optim::AdamW>(
+        groups, optim::AdamWOptions{tc.beta1(), tc.beta2(), 1e-8, tc.weight_decay()});
+  }
+  const optim::CosineSchedule sched{tc.learning_rate(), tc.min_lr(), tc.warmup_iters(),
+                                    tc.lr_decay_iters()};
+
+  // Outputs.
+  const std::filesystem::path out_dir = tc.out_dir();
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return invalid_argument(config_source + ": train.out_dir '" + out_dir.string() + "': " + ec.message());
+  {
+    std::ofstream f(out_dir / "config.toml");
+    f << config::to_toml(cfg);
+  }
+  std::ofstream metrics(out_dir / "metrics.jsonl", std::ios::trunc);
+  if (!metrics) return invalid_argument("cannot write " + (out_dir / "metrics.jsonl").string());
+
+  Rng batch_rng(tc.seed() + 1);
+  Rng eval_rng(tc.seed() + 2);
+  const int64_t b = tc.batch_size(), t = gc.block_size;
+  const int64_t max_iters = tc.max_iters();
+  TrainSummary sum;
+  sum.best_val_loss = 1e30;
+  sum.checkpoint = out_dir / "ckpt.safetensors";
+  const auto t0 = Clock::now();
+  auto last_log = t0;
+  int64_t tokens_since_log = 0;
+  double train_seconds = 0.0;
+
+  for (int64_t it = 0; it <= max_iters; ++it) {
+    const double lr = tc.decay_lr() ? sched.at(it) : tc.learning_rate();
+    const bool eval_now = (tc.eval_interval() > 0 && it % tc.eval_interval() == 0) || it == max_iters;
+    if (eval_now) {
+      ASSIGN_OR_RETURN(auto losses, estimate_loss(model, ds, cfg, eval_rng));
+      sum.train_loss = losses.first;
+      sum.val_loss = losses.second;
+      spdlog::info("step {}: train loss {:.4f}, val loss {:.4f}", it, losses.first, losses.second);
+      metrics << "{\"event\":\"eval\",\"iter\":" << it << ",\"train_loss\":" << losses.first
+              << ",\"val_loss\":" << losses.second << "}\n";
+      metrics.flush();
+      const GptCheckpointInfo info{it, losses.first, losses.second};
+      if (it > 0 && losses.second < sum.best_val_loss) {
+        sum.best_val_loss = losses.second;
+        RETURN_IF_ERROR(save_gpt_checkpoint(out_dir / "best.safetensors", model, cfg, *tokenizer, info));
+      }
+      RETURN_IF_ERROR(save_gpt_checkpoint(sum.checkpoint, model, cfg, *tokenizer, info));
+      last_log = Clock::now();  // evaluation time is not training throughput
+    }
+    if (it == max_iters) break;
+
+    const auto s0 = Clock::now();
+    ASSIGN_OR_RETURN(data::Batch batch, ds.get_batch(data::Split::kTrain, b, t, batch_rng));
+    Tensor loss = model.loss(batch.x, batch.y);
+    const double loss_v = loss.item();
+    if (!std::isfinite(loss_v)) {
+      return internal_error("training diverged at step " + std::to_string(it) + ": loss is " +
+                            std::to_string(loss_v) + " (lower train.learning_rate?)");
+    }
+    autograd::backward(loss);
+    const double gnorm = optim::clip_grad_norm(model.parameters(), tc.grad_clip());
+    opt->step(lr);
+    opt->zero_grad();
+    train_seconds += std::chrono::duration<double>(Clock::now() - s0).count();
+    tokens_since_log += b * t;
+    sum.iters = it + 1;
+
+    if (tc.log_interval() > 0 && (it % tc.log_interval() == 0 || it + 1 == max_iters)) {
+      const auto now = Clock::now();
+      const double dt = std::chrono::duration<double>(now - last_log).count();
+      const double tps = dt > 0 ? static_cast<double>(tokens_since_log) / dt : 0.0;
+      const double per_iter = train_seconds / static_cast<double>(it + 1);
+      spdlog::info("step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}",
+                   it, max_iters, loss_v, lr, gnorm, tps,
+                   format_eta(per_iter * static_cast<double>(max_iters - it - 1)));
+      metrics << "{\"event\":\"train\",\"iter\":" << it << ",\"loss\":" << loss_v << ",\"lr\":" << lr
+              << ",\"grad_norm\":" << gnorm << ",\"tokens_per_s\":" << tps << "}\n";
+      last_log = now;
+      tokens_since_log = 0;
+    }
+  }
+  sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  sum.tokens_per_second =
+      train_seconds > 0 ? static_cast<double>(sum.iters * b * t) / train_seconds : 0.0;
+  spdlog::info("done: {} steps in {:.1f} s ({:.0f} tok/s training), val loss {:.4f}, checkpoint {}",
+               sum.iters, sum.seconds, sum.tokens_per_second, sum.val_loss, sum.checkpoint.string());
+  return sum;
+}
+
+}  // namespace starling::models
