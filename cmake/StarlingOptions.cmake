@@ -3,6 +3,10 @@ add_library(starling_warnings INTERFACE)
 target_compile_options(starling_warnings INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow>
   $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${STARLING_WERROR}>>:-Werror>)
+# GCC 12 reports -Wrestrict false positives inside std::string at -O3 (GCC bug 105329).
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
+  target_compile_options(starling_warnings INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Wno-restrict>)
+endif()
 if(STARLING_NATIVE)
   add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-march=native>)
 endif()

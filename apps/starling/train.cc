@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 
@@ -47,13 +48,13 @@ void register_train(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--set", *sets,
                   "Override a config key, e.g. --set train.max_iters=500 (repeatable)");
   cmd->callback([&ctx, config_path, sets]() {
-    auto cfg = config::load_run_config(*config_path);
-    if (!cfg.ok()) return fail(ctx, cfg.status().message());
-    if (Status st = apply_overrides(*sets, &*cfg); !st.ok()) return fail(ctx, st.message());
-    if (Status st = config::validate_run_config(*cfg, *config_path); !st.ok()) {
+    v1::RunConfig cfg;
+    if (Status st = config::load_toml(*config_path, &cfg); !st.ok()) return fail(ctx, st.message());
+    if (Status st = apply_overrides(*sets, &cfg); !st.ok()) return fail(ctx, st.message());
+    if (Status st = config::validate_run_config(cfg, *config_path); !st.ok()) {
       return fail(ctx, st.message());
     }
-    auto res = models::train_gpt(*cfg, *config_path);
+    auto res = models::train_gpt(cfg, *config_path);
     if (!res.ok()) return fail(ctx, res.status().message());
     std::printf("trained %lld steps in %.1f s: val loss %.4f (best %.4f), %.0f tokens/s\n",
                 static_cast<long long>(res->iters), res->seconds, res->val_loss,
@@ -65,7 +66,9 @@ void register_train(CLI::App& app, CommandContext& ctx) {
 void register_sample(CLI::App& app, CommandContext& ctx) {
   auto* cmd = app.add_subcommand("sample", "Generate text from a GPT checkpoint");
   struct Opts {
-    std::string checkpoint = "runs/gpt_char_cpu/ckpt.safetensors";
+    std::string checkpoint;
+    std::string config;
+    std::vector<std::string> sets;
     std::string data_dir;
     std::optional<std::string> prompt;
     std::optional<int64_t> max_new_tokens, top_k;
@@ -73,8 +76,11 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
     std::optional<uint64_t> seed;
   };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("checkpoint,--checkpoint", o->checkpoint, "safetensors checkpoint")
-      ->capture_default_str();
+  cmd->add_option("checkpoint,--checkpoint", o->checkpoint,
+                  "safetensors checkpoint (default: <train.out_dir>/ckpt.safetensors of --config, "
+                  "else runs/gpt_char_cpu/ckpt.safetensors)");
+  cmd->add_option("-c,--config", o->config, "The training config, to find its checkpoint");
+  cmd->add_option("--set", o->sets, "Config overrides, as for `starling train`");
   cmd->add_option("--prompt", o->prompt, "Text to continue (default: [sample].prompt)");
   cmd->add_option("-n,--max-new-tokens", o->max_new_tokens, "Tokens to generate");
   cmd->add_option("--temperature", o->temperature, "Softmax temperature");
@@ -82,7 +88,15 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--seed", o->seed, "Sampling seed");
   cmd->add_option("--data-dir", o->data_dir, "Data directory (GPT-2 tokenizer files)");
   cmd->callback([&ctx, o]() {
-    auto loaded = models::load_gpt_checkpoint(o->checkpoint, o->data_dir);
+    std::string ckpt = o->checkpoint;
+    if (ckpt.empty() && !o->config.empty()) {
+      auto cfg = config::load_run_config(o->config);
+      if (!cfg.ok()) return fail(ctx, cfg.status().message());
+      if (Status st = apply_overrides(o->sets, &*cfg); !st.ok()) return fail(ctx, st.message());
+      ckpt = (std::filesystem::path(cfg->train().out_dir()) / "ckpt.safetensors").string();
+    }
+    if (ckpt.empty()) ckpt = "runs/gpt_char_cpu/ckpt.safetensors";
+    auto loaded = models::load_gpt_checkpoint(ckpt, o->data_dir);
     if (!loaded.ok()) return fail(ctx, loaded.status().message());
     const auto& sc = loaded->config.sample();
     const std::string prompt = o->prompt.value_or(sc.prompt());
@@ -90,7 +104,7 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
     if (!ids.ok()) return fail(ctx, "--prompt: " + ids.status().message());
     if (ids->empty()) return fail(ctx, "--prompt must not be empty");
     Rng rng(o->seed.value_or(sc.seed()));
-    spdlog::info("sampling from {} (step {}, val loss {:.4f}), seed {}", o->checkpoint,
+    spdlog::info("sampling from {} (step {}, val loss {:.4f}), seed {}", ckpt,
                  loaded->info.iter, loaded->info.val_loss, o->seed.value_or(sc.seed()));
     const auto out = loaded->model->generate(*ids, o->max_new_tokens.value_or(sc.max_new_tokens()),
                                              o->temperature.value_or(sc.temperature()),

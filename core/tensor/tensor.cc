@@ -389,10 +389,15 @@ void Tensor::copy_from(const Tensor& src) {
     return;
   }
   if (is_contiguous()) {
-    if (dtype() == DType::kF32 && src.dtype() == DType::kF32) {
-      float* d = data<float>();
-      const float* base = static_cast<const float*>(src.impl_->storage->data());
-      for_each_offset(src, [&](int64_t off, int64_t i) { d[i] = base[off]; });
+    if (dtype() == src.dtype()) {  // exact bytes: no rounding of i64, NaN payloads kept
+      const size_t es = dtype_size(dtype());
+      const char* sbase = static_cast<const char*>(src.impl_->storage->data());
+      char* d = static_cast<char*>(raw_data());
+      if (es == 4) {
+        for_each_offset(src, [&](int64_t off, int64_t i) { std::memcpy(d + i * 4, sbase + off * 4, 4); });
+      } else {
+        for_each_offset(src, [&](int64_t off, int64_t i) { std::memcpy(d + i * es, sbase + off * es, es); });
+      }
       return;
     }
     const void* sbase = src.impl_->storage->data();

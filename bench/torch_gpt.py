@@ -1,0 +1,93 @@
+"""PyTorch peer of bench/train_throughput.cc: the same GPT (nanoGPT's model, no biases, tied
+head, GELU, pre-norm), the same step (forward + backward + clip + fused/foreach AdamW), random
+tokens, median step time. Prints one JSON line."""
+import argparse
+import json
+import math
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, c, h):
+        super().__init__()
+        self.h = h
+        self.ln_1 = nn.LayerNorm(c, bias=False)
+        self.c_attn = nn.Linear(c, 3 * c, bias=False)
+        self.c_proj = nn.Linear(c, c, bias=False)
+        self.ln_2 = nn.LayerNorm(c, bias=False)
+        self.c_fc = nn.Linear(c, 4 * c, bias=False)
+        self.mlp_proj = nn.Linear(4 * c, c, bias=False)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
+        q = q.view(b, t, self.h, c // self.h).transpose(1, 2)
+        k = k.view(b, t, self.h, c // self.h).transpose(1, 2)
+        v = v.view(b, t, self.h, c // self.h).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, v, t, l, h, c):
+        super().__init__()
+        self.wte = nn.Embedding(v, c)
+        self.wpe = nn.Embedding(t, c)
+        self.blocks = nn.ModuleList([Block(c, h) for _ in range(l)])
+        self.ln_f = nn.LayerNorm(c, bias=False)
+
+    def forward(self, idx, targets):
+        t = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.ln_f(x) @ self.wte.weight.t()
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--vocab", type=int, default=65)
+    p.add_argument("--block", type=int, default=64)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--embd", type=int, default=128)
+    p.add_argument("--batch", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--threads", type=int, default=0)
+    a = p.parse_args()
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    torch.manual_seed(1337)
+    model = GPT(a.vocab, a.block, a.layers, a.heads, a.embd)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+    times = []
+    loss = None
+    for s in range(a.warmup + a.steps):
+        x = torch.randint(0, a.vocab, (a.batch, a.block))
+        y = torch.randint(0, a.vocab, (a.batch, a.block))
+        t0 = time.perf_counter()
+        loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
+        if s >= a.warmup:
+            times.append(dt)
+    med = statistics.median(times)
+    print(json.dumps({"engine": "pytorch " + torch.__version__, "threads": torch.get_num_threads(),
+                      "ms_per_step": med * 1e3, "tokens_per_s": a.batch * a.block / med,
+                      "params": sum(p.numel() for p in model.parameters()),
+                      "loss": float(loss)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+// Training throughput of the GPT engine on one shape: forward + backward + AdamW per step,
+// random tokens, median over timed steps. Prints one JSON line (for the wrapper script) and a
+// human-readable line. Run bench/train_throughput.sh for the table beside PyTorch.
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "core/autograd/autograd.h"
+#include "core/optim/optimizer.h"
+#include "models/gpt/gpt.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"starling GPT training throughput"};
+  starling::models::GptConfig c;
+  int64_t batch = 12, warmup = 5, steps = 30;
+  int threads = 0;
+  app.add_option("--vocab", c.vocab_size)->capture_default_str();
+  app.add_option("--block", c.block_size)->capture_default_str();
+  app.add_option("--layers", c.n_layer)->capture_default_str();
+  app.add_option("--heads", c.n_head)->capture_default_str();
+  app.add_option("--embd", c.n_embd)->capture_default_str();
+  app.add_option("--batch", batch)->capture_default_str();
+  app.add_option("--warmup", warmup)->capture_default_str();
+  app.add_option("--steps", steps)->capture_default_str();
+  app.add_option("--threads", threads, "0: all cores")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (threads > 0) omp_set_num_threads(threads);
+
+  starling::models::Gpt model(c, 1337);
+  starling::optim::AdamW opt(starling::optim::decay_matrices_only(model.parameters()),
+                             {0.9, 0.99, 1e-8, 0.1});
+  starling::Rng rng(1);
+  std::vector<int32_t> x(static_cast<size_t>(batch * c.block_size)), y(x.size());
+  std::vector<double> times;
+  double loss_v = 0;
+  for (int64_t s = 0; s < warmup + steps; ++s) {
+    for (auto& v : x) v = static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.vocab_size)));
+    for (auto& v : y) v = static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.vocab_size)));
+    const auto tx = starling::Tensor::from_vector(x, {batch, c.block_size});
+    const auto ty = starling::Tensor::from_vector(y, {batch, c.block_size});
+    const auto t0 = std::chrono::steady_clock::now();
+    starling::Tensor loss = model.loss(tx, ty);
+    starling::autograd::backward(loss);
+    starling::optim::clip_grad_norm(model.parameters(), 1.0);
+    opt.step(1e-3);
+    opt.zero_grad();
+    loss_v = loss.item();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= warmup) times.push_back(dt);
+  }
+  std::sort(times.begin(), times.end());
+  const double med = times[times.size() / 2];
+  const double tps = static_cast<double>(batch * c.block_size) / med;
+  std::printf("{\"engine\":\"starling\",\"threads\":%d,\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
+              "\"params\":%lld,\"loss\":%.4f}\n",
+              omp_get_max_threads(), med * 1e3, tps, static_cast<long long>(model.num_parameters()),
+              loss_v);
+  return 0;
+}
