@@ -108,3 +108,25 @@ TEST_CASE("autograd sums gradients over shared uses", "[autograd]") {
     REQUIRE_FALSE(ops::mul(a, a).requires_grad());
   }
 }
+
+#include "core/ops/internal/fast_math.h"
+
+TEST_CASE("fast float exp and erf stay within their documented error", "[ops]") {
+  double max_exp_rel = 0, max_erf_abs = 0;
+  for (float x = -87.0f; x < 88.0f; x += 0.0137f) {
+    const double ref = std::exp(static_cast<double>(x));
+    max_exp_rel = std::max(max_exp_rel, std::fabs(starling::ops::internal::fast_expf(x) - ref) / ref);
+  }
+  for (float x = -6.0f; x < 6.0f; x += 0.001f) {
+    max_erf_abs = std::max(max_erf_abs, std::fabs(starling::ops::internal::fast_erff(x) -
+                                                  std::erf(static_cast<double>(x))));
+  }
+  REQUIRE(max_exp_rel < 3e-7);
+  REQUIRE(max_erf_abs < 5e-7);
+  // f32 GELU and SiLU (fast paths) agree with the f64 references.
+  Tensor x = rand64({1000}, 12, 3.0);
+  REQUIRE(starling::max_abs_diff(ops::gelu(x.to(DType::kF32)), ops::gelu(x)) < 1e-6);
+  REQUIRE(starling::max_abs_diff(ops::gelu(x.to(DType::kF32), ops::GeluApprox::kTanh),
+                                 ops::gelu(x, ops::GeluApprox::kTanh)) < 1e-6);
+  REQUIRE(starling::max_abs_diff(ops::silu(x.to(DType::kF32)), ops::silu(x)) < 1e-6);
+}
