@@ -1,0 +1,138 @@
+// Codecs for model updates: a Codec encodes a flat float delta (with its per-tensor layout) into
+// an EncodedUpdate; decode_add folds an encoded update into a dense sum without a dense copy.
+// ErrorFeedback wraps any codec so that what was not sent this round is added to the next delta.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/compress/spec.h"
+#include "core/tensor/tensor.h"
+#include "core/util/status.h"
+
+namespace starling::compress {
+
+// One tensor of the flat update: elements [offset, offset + numel(shape)).
+struct TensorInfo {
+  std::string name;
+  Shape shape;
+  int64_t offset = 0;
+};
+// Tensors in offset order that tile [0, numel) exactly, without gaps or overlaps.
+using Layout = std::vector<TensorInfo>;
+
+// A layout of one unnamed vector of n elements.
+Layout flat_layout(int64_t n);
+// Checks that `layout` tiles [0, numel) in order; returns numel.
+Result<int64_t> validate_layout(const Layout& layout);
+
+// One tensor's encoding. Arrays are host-order (little-endian on the wire, see codec.proto).
+// Error bounds, per element x of a tensor, for the decoded value y:
+//   identity  y == x.
+//   fp16      |y - x| <= 2^-11 |x| for 2^-14 <= |x| <= 65504, <= 2^-25 below; larger values
+//             saturate to +-65504.
+//   bf16      |y - x| <= 2^-8 |x| (normal floats).
+//   int8      |y - x| <= absmax(block) / 254 (1 + 2^-20).
+//   qsgd      E[y] == x; |y - x| <= ||bucket||_2 / levels (1 + 2^-20).
+//   topk      y == x for the k largest |x| (ties: lowest index first), 0 elsewhere; approx keeps
+//             a subset of those, at most k, all with |x| >= a threshold estimated from a sample.
+//   randk     E[y] == x: one index drawn uniformly per stratum of size s ~ n/k, y = x * s there.
+//   powersgd  y = P Q^T, exact for matrices of rank <= r; with the warm start the error falls
+//             toward the best rank-r error over rounds. Vectors (1-D) and matrices where the
+//             factors would not be smaller are sent as identity.
+//   sign      y = sign(x) * mean(|x|) over the tensor (the sign bit: +0 gives +, -0 gives -).
+// Sparse codecs' kept values are coded by `values`, adding that coding's bound.
+struct Segment {
+  CodecKind codec = CodecKind::kIdentity;
+  int64_t offset = 0;
+  int64_t numel = 0;
+  Shape shape;
+  int32_t block = 0;
+  int32_t levels = 0;
+  int64_t k = 0;
+  int32_t rank = 0;
+  uint64_t seed = 0;
+  ValueCoding values = ValueCoding::kF32;
+  std::vector<float> f32;
+  std::vector<uint16_t> u16;
+  std::vector<int8_t> i8;
+  std::vector<float> scales;
+  std::vector<uint32_t> indices;
+  std::vector<uint8_t> bits;
+
+  // Payload bytes (what the wire carries besides a few header fields).
+  size_t payload_bytes() const;
+};
+
+struct EncodedUpdate {
+  int64_t numel = 0;
+  std::vector<Segment> segments;
+
+  size_t payload_bytes() const;
+};
+
+// Wire form (starling.v1.EncodedUpdate). parse_update returns DataLoss for bytes that are not a
+// well-formed message (unknown codec ids, array lengths that are not whole elements); the
+// semantic checks happen in decode_add.
+std::string serialize_update(const EncodedUpdate& update);
+Result<EncodedUpdate> parse_update(std::string_view bytes);
+
+// dst[i] = dst[i] + weight * y[i] for the decoded values y, each rounded once as written, so
+// decode_add(u, d, w) is bit-identical to d[i] + w * decoded[i]. Sparse codecs touch only the
+// elements they carry. The update is validated (sizes, index ranges, block counts, finite
+// scales, level ranges) before dst is written: on error dst is unchanged. REQUIRES: dst.size()
+// == update.numel, else InvalidArgument.
+Status decode_add(const EncodedUpdate& update, std::span<float> dst, float weight);
+// dst = decoded values (zero fill, then decode_add with weight 1).
+Status decode(const EncodedUpdate& update, std::span<float> dst);
+
+// Encodes deltas of a fixed layout. Codecs may keep state between calls (PowerSGD's warm start,
+// the random streams of QSGD and random-k), so a Codec belongs to one sender. Thread-compatible.
+class Codec {
+ public:
+  virtual ~Codec() = default;
+  // Encodes `delta` (size numel of the layout) into `out`, reusing the capacity of its arrays
+  // (a sender that keeps one EncodedUpdate allocates nothing after the first round). Non-finite
+  // values are InvalidArgument (random-k checks only the values it samples); on error `out` holds
+  // no meaningful update.
+  virtual Status encode_into(std::span<const float> delta, EncodedUpdate& out) = 0;
+  // encode_into a fresh EncodedUpdate.
+  Result<EncodedUpdate> encode(std::span<const float> delta);
+  virtual const Layout& layout() const = 0;
+};
+
+// Per tensor, the codec spec_for(tensor name) chooses. When any chosen spec has ef=1 the result
+// is an ErrorFeedback around it, keeping residuals for those tensors only. Random choices come
+// from streams forked from `seed`, so two codecs made alike encode alike.
+Result<std::unique_ptr<Codec>> make_codec(const CompressionSpec& spec, Layout layout,
+                                          uint64_t seed);
+// Shorthand for one spec string for every tensor, e.g. "topk:ratio=0.01,ef=1".
+Result<std::unique_ptr<Codec>> make_codec(std::string_view spec, Layout layout, uint64_t seed);
+
+// Error feedback (EF-SGD, EF21-style residual kept by the sender). encode(delta):
+//   corrected[i] = delta[i] + residual[i]          (float)
+//   sent         = inner.encode(corrected)
+//   residual[i]  = corrected[i] - decode(sent)[i]  (float; 0 in tensors whose mask is 0)
+// So decode(sent) + residual_new == delta + residual_old holds up to the rounding of those two
+// float operations, and exactly whenever they are exact (e.g. fp16, bf16, int8, top-k).
+class ErrorFeedback final : public Codec {
+ public:
+  // `mask` (one entry per tensor of inner's layout, or empty for all) marks the tensors that keep
+  // a residual.
+  ErrorFeedback(std::unique_ptr<Codec> inner, std::vector<uint8_t> mask);
+  Status encode_into(std::span<const float> delta, EncodedUpdate& out) override;
+  const Layout& layout() const override { return inner_->layout(); }
+  std::span<const float> residual() const { return residual_; }
+
+ private:
+  std::unique_ptr<Codec> inner_;
+  std::vector<uint8_t> mask_;
+  std::vector<float> residual_;
+  std::vector<float> corrected_;
+};
+
+}  // namespace starling::compress
