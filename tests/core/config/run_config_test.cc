@@ -122,11 +122,9 @@ seed = 7
   // The effective config written by to_toml reads back to the same values.
   RunConfig back;
   REQUIRE(parse_toml(to_toml(*c), "effective.toml", &back).ok());
-  // to_toml writes every section, so sections absent from the file come back present.
-  for (int i = 0; i < c->GetDescriptor()->field_count(); ++i) {
-    c->GetReflection()->MutableMessage(&*c, c->GetDescriptor()->field(i));
-  }
-  REQUIRE(google::protobuf::util::MessageDifferencer::Equals(*c, back));
+  // to_toml writes every field, so fields absent from the file come back set to their
+  // defaults: compare values, not presence.
+  REQUIRE(google::protobuf::util::MessageDifferencer::Equivalent(*c, back));
 }
 
 TEST_CASE("absent keys take the schema defaults", "[config]") {
