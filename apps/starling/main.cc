@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
     starling::apps::register_train(app, ctx);
     starling::apps::register_sample(app, ctx);
     starling::apps::register_info(app, ctx);
+    starling::apps::register_certs(app, ctx);
     CLI11_PARSE(app, argc, argv);
     return ctx.exit_code;
   } catch (const std::exception& e) {

@@ -1,0 +1,128 @@
+// Chunked transfers.
+#include "core/net/chunk_stream.h"
+
+#include <algorithm>
+
+#include "core/wire/crc32c.h"
+
+namespace starling::net {
+
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr); }
+
+void Sha256::update(std::string_view data) {
+  EVP_DigestUpdate(ctx_.get(), data.data(), data.size());
+}
+
+std::string Sha256::finish() {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_DigestFinal_ex(ctx_.get(), md, &n);
+  EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr);
+  return std::string(reinterpret_cast<const char*>(md), n);
+}
+
+ChunkSender::ChunkSender(uint64_t transfer_id, std::string_view payload, uint32_t chunk_bytes,
+                         std::string content_type)
+    : payload_(payload) {
+  header_.set_transfer_id(transfer_id);
+  header_.set_total_bytes(payload.size());
+  header_.set_chunk_bytes(chunk_bytes);
+  header_.set_num_chunks((payload.size() + chunk_bytes - 1) / chunk_bytes);
+  Sha256 sha;
+  sha.update(payload);
+  header_.set_sha256(sha.finish());
+  header_.set_content_type(std::move(content_type));
+}
+
+Result<v1::Chunk> ChunkSender::chunk(uint64_t index) const {
+  if (index >= num_chunks()) {
+    return out_of_range("chunk " + std::to_string(index) + " of a transfer of " +
+                        std::to_string(num_chunks()));
+  }
+  const uint64_t offset = index * header_.chunk_bytes();
+  const std::string_view data = payload_.substr(offset, header_.chunk_bytes());
+  v1::Chunk c;
+  c.set_transfer_id(header_.transfer_id());
+  c.set_index(index);
+  c.set_data(std::string(data));
+  c.set_crc32c(wire::crc32c(data));
+  return c;
+}
+
+ChunkReceiver::ChunkReceiver(const v1::TransferHeader& header, Sink sink)
+    : header_(header), sink_(std::move(sink)) {}
+
+Result<ChunkReceiver> ChunkReceiver::create(const v1::TransferHeader& header,
+                                            uint64_t max_total_bytes, Sink sink) {
+  const std::string id = "transfer " + std::to_string(header.transfer_id());
+  if (header.total_bytes() > max_total_bytes) {
+    return resource_exhausted(id + " of " + std::to_string(header.total_bytes()) +
+                              " bytes exceeds the limit of " + std::to_string(max_total_bytes));
+  }
+  if (header.chunk_bytes() == 0 ||
+      header.num_chunks() !=
+          (header.total_bytes() + header.chunk_bytes() - 1) / header.chunk_bytes()) {
+    return invalid_argument(id + ": inconsistent chunk size and count");
+  }
+  if (header.sha256().size() != 32) return invalid_argument(id + ": SHA-256 must be 32 bytes");
+  return ChunkReceiver(header, std::move(sink));
+}
+
+Result<ChunkReceiver> ChunkReceiver::create_buffered(const v1::TransferHeader& header,
+                                                     uint64_t max_total_bytes) {
+  auto buffer = std::make_shared<std::string>();
+  ASSIGN_OR_RETURN(ChunkReceiver r,
+                   create(header, max_total_bytes, [buffer](uint64_t, std::string_view data) {
+                     buffer->append(data);
+                     return ok_status();
+                   }));
+  buffer->reserve(header.total_bytes());
+  r.buffer_ = buffer;
+  return r;
+}
+
+Status ChunkReceiver::accept(const v1::Chunk& chunk) {
+  const std::string id = "transfer " + std::to_string(header_.transfer_id()) + " chunk " +
+                         std::to_string(chunk.index());
+  if (chunk.transfer_id() != header_.transfer_id()) {
+    return invalid_argument(id + " belongs to transfer " + std::to_string(chunk.transfer_id()));
+  }
+  if (chunk.index() < next_index_) return ok_status();  // a resend we already have
+  if (chunk.index() > next_index_) {
+    return out_of_range(id + " arrived before chunk " + std::to_string(next_index_));
+  }
+  const uint64_t offset = chunk.index() * header_.chunk_bytes();
+  const uint64_t expected =
+      std::min<uint64_t>(header_.chunk_bytes(), header_.total_bytes() - offset);
+  if (chunk.data().size() != expected) {
+    return data_loss(id + " has " + std::to_string(chunk.data().size()) + " bytes, expected " +
+                     std::to_string(expected));
+  }
+  if (wire::crc32c(chunk.data()) != chunk.crc32c()) return data_loss(id + " fails its CRC32C");
+  RETURN_IF_ERROR(sink_(offset, chunk.data()), id);
+  sha_.update(chunk.data());
+  ++next_index_;
+  return ok_status();
+}
+
+v1::ChunkAck ChunkReceiver::ack() const {
+  v1::ChunkAck a;
+  a.set_transfer_id(header_.transfer_id());
+  a.set_next_index(next_index_);
+  a.set_complete(finished_);
+  return a;
+}
+
+Status ChunkReceiver::finish() {
+  if (finished_) return ok_status();
+  const std::string id = "transfer " + std::to_string(header_.transfer_id());
+  if (!all_received()) {
+    return failed_precondition(id + ": " + std::to_string(next_index_) + " of " +
+                               std::to_string(header_.num_chunks()) + " chunks received");
+  }
+  if (sha_.finish() != header_.sha256()) return data_loss(id + ": SHA-256 of the payload differs");
+  finished_ = true;
+  return ok_status();
+}
+
+}  // namespace starling::net

@@ -1,0 +1,88 @@
+// Chunked transfers: a payload of any size (models beyond 2 GB included) travels as Chunk
+// messages of at most chunk_bytes, each with a CRC32C, the whole with a SHA-256. The receiver
+// accepts chunks in order, so a transfer resumes from ChunkAck.next_index after a corrupt
+// chunk or a reconnect. Lives in net/ because SHA-256 comes from OpenSSL.
+#pragma once
+
+#include <openssl/evp.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/util/status.h"
+#include "core/wire/messages.pb.h"
+
+namespace starling::net {
+
+struct MdCtxFree {
+  void operator()(EVP_MD_CTX* p) const { EVP_MD_CTX_free(p); }
+};
+
+// Incremental SHA-256.
+class Sha256 {
+ public:
+  Sha256();
+  void update(std::string_view data);
+  std::string finish();  // 32 raw bytes; the object is reset afterwards
+ private:
+  std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx_;
+};
+
+// Splits a payload held in memory. The payload must outlive the sender.
+class ChunkSender {
+ public:
+  // REQUIRES: chunk_bytes > 0.
+  ChunkSender(uint64_t transfer_id, std::string_view payload, uint32_t chunk_bytes,
+              std::string content_type = "");
+  const v1::TransferHeader& header() const { return header_; }
+  uint64_t num_chunks() const { return header_.num_chunks(); }
+  // Chunk `index` with its CRC32C. OutOfRange for index >= num_chunks().
+  Result<v1::Chunk> chunk(uint64_t index) const;
+
+ private:
+  std::string_view payload_;
+  v1::TransferHeader header_;
+};
+
+// Receives the chunks of one transfer in order and hands their bytes to a sink, so that a
+// large payload need not be held in memory (the aggregator folds updates in as they arrive).
+class ChunkReceiver {
+ public:
+  using Sink = std::function<Status(uint64_t offset, std::string_view data)>;
+
+  // Validates an untrusted header: sizes consistent, below max_total_bytes, 32-byte digest.
+  static Result<ChunkReceiver> create(const v1::TransferHeader& header, uint64_t max_total_bytes,
+                                      Sink sink);
+  // A receiver that collects the payload in memory; see take_payload().
+  static Result<ChunkReceiver> create_buffered(const v1::TransferHeader& header,
+                                               uint64_t max_total_bytes);
+
+  // Accepts chunk next_index(). A duplicate of an earlier chunk is ignored (OK). DataLoss for a
+  // CRC mismatch or a wrong length (re-request from next_index()); OutOfRange for a gap;
+  // InvalidArgument for another transfer's chunk.
+  Status accept(const v1::Chunk& chunk);
+  // Index of the first chunk not yet received intact: the resume point.
+  uint64_t next_index() const { return next_index_; }
+  v1::ChunkAck ack() const;
+  bool all_received() const { return next_index_ == header_.num_chunks(); }
+  // After the last chunk: DataLoss unless the SHA-256 of everything received matches (then
+  // the whole transfer must be sent again: the digest cannot say which chunk was wrong).
+  Status finish();
+  // The collected payload of a buffered receiver, after finish() succeeded.
+  std::string take_payload() { return std::move(*buffer_); }
+
+ private:
+  ChunkReceiver(const v1::TransferHeader& header, Sink sink);
+
+  v1::TransferHeader header_;
+  Sink sink_;
+  std::shared_ptr<std::string> buffer_;
+  Sha256 sha_;
+  uint64_t next_index_ = 0;
+  bool finished_ = false;
+};
+
+}  // namespace starling::net

@@ -1,0 +1,244 @@
+// Connection: read loop, write queue and deadlines. Every asynchronous handler holds a
+// shared_ptr to the connection, so it lives until the last handler has run.
+#include "core/net/connection.h"
+
+#include <spdlog/spdlog.h>
+
+#include <asio/error.hpp>
+#include <asio/ssl/error.hpp>
+#include <asio/write.hpp>
+#include <vector>
+
+#include "core/wire/envelope.h"
+
+namespace starling::net {
+
+using Clock = std::chrono::steady_clock;
+
+Connection::Connection(std::unique_ptr<SslStream> stream, PeerIdentity peer,
+                       ConnectionOptions options)
+    : stream_(std::move(stream)),
+      peer_(std::move(peer)),
+      options_(options),
+      decoder_(options.max_frame_bytes),
+      read_timer_(stream_->get_executor()),
+      write_timer_(stream_->get_executor()) {}
+
+Connection::~Connection() {
+  asio::error_code ignored;
+  stream_->lowest_layer().close(ignored);
+}
+
+void Connection::start(MessageHandler on_message, CloseHandler on_close) {
+  on_message_ = std::move(on_message);
+  on_close_ = std::move(on_close);
+  if (started_ || closed_) return;
+  started_ = true;
+  arm_read_deadline();
+  do_read();
+  if (writing_count_ == 0 && !queue_.empty()) do_write();
+}
+
+void Connection::do_read() {
+  stream_->async_read_some(
+      asio::buffer(read_buf_),
+      [self = shared_from_this()](const asio::error_code& ec, size_t n) { self->on_read(ec, n); });
+}
+
+void Connection::on_read(const asio::error_code& ec, size_t n) {
+  if (closed_) return;
+  if (ec) {
+    if (shutting_down_) return;  // the shutdown path finishes the connection
+    const bool closed_by_peer = ec == asio::error::eof ||
+                                ec == asio::ssl::error::stream_truncated ||
+                                ec == asio::error::connection_reset;
+    if (closed_by_peer && decoder_.mid_frame()) {
+      fail(data_loss("peer " + peer_.describe() + " closed the connection in the middle of a " +
+                     "frame (" + std::to_string(decoder_.buffered_bytes()) + " bytes received)"));
+    } else if (ec == asio::error::eof) {
+      teardown(ok_status());
+    } else {
+      fail(net_error("read from", peer_.describe(), ec, stream_->native_handle()));
+    }
+    return;
+  }
+  if (closing_) return;  // draining our queue; stop delivering (a failure may have closed us)
+  const Status s = consume(n);
+  if (!s.ok()) {
+    // A bad frame: tell the peer why, then close. The close handler gets the error.
+    v1::Envelope notice;
+    notice.mutable_error()->set_code(v1::ERROR_CODE_BAD_REQUEST);
+    notice.mutable_error()->set_message(s.message());
+    close_status_ = s;
+    (void)send(notice);
+    close();
+    return;
+  }
+  if (closing_ || closed_) return;  // a handler closed the connection
+  arm_read_deadline();
+  do_read();
+}
+
+Status Connection::consume(size_t n) {
+  RETURN_IF_ERROR(decoder_.feed(std::string_view(read_buf_.data(), n)),
+                  "frame from " + peer_.describe());
+  for (;;) {
+    auto frame = decoder_.next();
+    RETURN_IF_ERROR(frame, "frame from " + peer_.describe());
+    if (!frame->has_value()) break;
+    frame_in_progress_ = false;
+    auto envelope = wire::decode_envelope(**frame);
+    if (envelope.status().code() == StatusCode::kUnimplemented) {
+      // A newer peer's message type: say so and carry on, the stream itself is intact.
+      v1::Envelope notice;
+      notice.mutable_error()->set_code(v1::ERROR_CODE_UNKNOWN_MESSAGE);
+      notice.mutable_error()->set_message(envelope.status().message());
+      (void)send(notice);
+      continue;
+    }
+    RETURN_IF_ERROR(envelope, "message from " + peer_.describe());
+    if (on_message_) on_message_(std::move(*envelope));
+    if (closing_ || closed_) return ok_status();
+  }
+  if (decoder_.mid_frame() && !frame_in_progress_) {
+    // The per-frame deadline runs from a frame's first byte, so a trickle cannot extend it.
+    frame_in_progress_ = true;
+    frame_deadline_ = Clock::now() + options_.deadlines.frame;
+  }
+  return ok_status();
+}
+
+void Connection::arm_read_deadline() {
+  // Re-arming a timer costs syscalls, so on most reads only the target moves; the timer is
+  // reset only when the target comes earlier, and on expiry it checks the current target.
+  read_deadline_ = frame_in_progress_ ? frame_deadline_ : Clock::now() + options_.deadlines.idle;
+  if (read_timer_armed_ && read_timer_.expiry() <= read_deadline_) return;
+  read_timer_armed_ = true;
+  read_timer_.expires_at(read_deadline_);
+  wait_read_deadline();
+}
+
+void Connection::wait_read_deadline() {
+  read_timer_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
+    if (ec || self->closed_ || self->shutting_down_) return;
+    if (Clock::now() < self->read_deadline_) {
+      self->read_timer_.expires_at(self->read_deadline_);
+      return self->wait_read_deadline();
+    }
+    const bool mid = self->frame_in_progress_;
+    const auto limit = mid ? self->options_.deadlines.frame : self->options_.deadlines.idle;
+    self->fail(deadline_exceeded(std::string(mid ? "frame from " : "no frame from ") +
+                                 self->peer_.describe() + (mid ? " incomplete after " : " for ") +
+                                 std::to_string(limit.count()) + " ms"));
+  });
+}
+
+Status Connection::send(const v1::Envelope& envelope) {
+  if (closing_ || closed_) {
+    return failed_precondition("connection to " + peer_.describe() + " is closed");
+  }
+  ASSIGN_OR_RETURN(std::string frame,
+                   wire::encode_framed_envelope(envelope, options_.max_frame_bytes),
+                   "send to " + peer_.describe());
+  const size_t size = frame.size();
+  if (!queue_.empty() && queued_bytes_ + size > options_.max_queue_bytes) {
+    return resource_exhausted("send queue to " + peer_.describe() + " is full (" +
+                              std::to_string(queued_bytes_) + " bytes)");
+  }
+  queue_.push_back(std::move(frame));
+  queued_bytes_ += size;
+  if (writing_count_ == 0) do_write();
+  return ok_status();
+}
+
+void Connection::do_write() {
+  if (closed_ || queue_.empty()) return;
+  std::vector<asio::const_buffer> buffers;
+  for (const auto& f : queue_) {
+    if (buffers.size() == 64) break;
+    buffers.push_back(asio::buffer(f));
+  }
+  writing_count_ = buffers.size();
+  write_timer_.expires_after(options_.deadlines.frame);
+  write_timer_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
+    if (ec || self->closed_ || self->write_timer_.expiry() > Clock::now()) return;
+    self->fail(deadline_exceeded("write to " + self->peer_.describe() + " stalled for " +
+                                 std::to_string(self->options_.deadlines.frame.count()) + " ms"));
+  });
+  asio::async_write(
+      *stream_, buffers, [self = shared_from_this()](const asio::error_code& ec, size_t) {
+        if (self->closed_) return;
+        self->write_timer_.cancel();
+        if (ec) {
+          self->fail(
+              net_error("write to", self->peer_.describe(), ec, self->stream_->native_handle()));
+          return;
+        }
+        for (size_t i = 0; i < self->writing_count_; ++i) {
+          self->queued_bytes_ -= self->queue_.front().size();
+          self->queue_.pop_front();
+        }
+        self->writing_count_ = 0;
+        if (!self->queue_.empty()) {
+          self->do_write();
+        } else if (self->closing_) {
+          self->begin_shutdown();
+        } else if (self->on_drain_) {
+          self->on_drain_();
+        }
+      });
+}
+
+void Connection::close() {
+  if (closing_ || closed_) return;
+  closing_ = true;
+  if (writing_count_ == 0 && !queue_.empty()) {
+    do_write();
+  } else if (writing_count_ == 0) {
+    begin_shutdown();
+  }
+}
+
+void Connection::abort(const Status& reason) { fail(reason); }
+
+void Connection::begin_shutdown() {
+  if (shutting_down_ || closed_) return;
+  shutting_down_ = true;
+  read_timer_.cancel();
+  // The pending read would compete with the shutdown for the peer's close_notify: end it.
+  asio::error_code ignored;
+  stream_->lowest_layer().cancel(ignored);
+  write_timer_.expires_after(options_.deadlines.frame);
+  write_timer_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
+    if (!ec) self->teardown(self->close_status_);
+  });
+  stream_->async_shutdown([self = shared_from_this()](const asio::error_code&) {
+    self->teardown(self->close_status_);
+  });
+}
+
+void Connection::fail(const Status& reason) {
+  if (closed_) return;
+  spdlog::debug("net: {}", reason.to_string());
+  teardown(reason);
+}
+
+void Connection::teardown(const Status& reason) {
+  if (closed_) return;
+  closed_ = true;
+  closing_ = true;
+  asio::error_code ignored;
+  read_timer_.cancel();
+  write_timer_.cancel();
+  stream_->lowest_layer().close(ignored);
+  queue_.clear();
+  queued_bytes_ = 0;
+  // Handlers may hold a shared_ptr to this connection: release them to break the cycle.
+  auto on_close = std::move(on_close_);
+  on_message_ = nullptr;
+  on_drain_ = nullptr;
+  if (auto hook = std::move(teardown_hook_)) hook();
+  if (on_close) on_close(reason);
+}
+
+}  // namespace starling::net

@@ -1,0 +1,117 @@
+// Connection: one verified TLS stream carrying framed Envelopes, with a deadline beside every
+// read and write, a bounded send queue, and exactly one close notification.
+#pragma once
+
+#include <array>
+#include <asio/ip/tcp.hpp>
+#include <asio/ssl/stream.hpp>
+#include <asio/steady_timer.hpp>
+#include <chrono>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/net/tls.h"
+#include "core/util/status.h"
+#include "core/wire/frame.h"
+#include "core/wire/messages.pb.h"
+
+namespace starling::net {
+
+using SslStream = asio::ssl::stream<asio::ip::tcp::socket>;
+using Millis = std::chrono::milliseconds;
+
+struct Deadlines {
+  Millis connect{10'000};    // TCP connect (client)
+  Millis handshake{10'000};  // TLS handshake
+  // No new frame for this long: the peer is gone. Peers send Heartbeats more often than this.
+  Millis idle{120'000};
+  // A started frame must arrive whole, queued frames be written, the TLS close be answered.
+  Millis frame{30'000};
+};
+
+struct ConnectionOptions {
+  Deadlines deadlines;
+  uint32_t max_frame_bytes = wire::kDefaultMaxFrameBytes;
+  // send() refuses (ResourceExhausted) beyond this many queued bytes: the caller must wait
+  // for the drain handler before sending more.
+  size_t max_queue_bytes = 64u << 20;
+};
+
+// Not thread-safe: every call, and every handler, runs on the stream's executor (the
+// io_context thread). Built by Server and connect() after a successful handshake.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  // Receives each well-formed message. A malformed frame or message closes the connection
+  // (after an Error to the peer); a message type unknown to this build is answered with an
+  // Error and skipped.
+  using MessageHandler = std::function<void(v1::Envelope)>;
+  // Called exactly once: OK after close() or a clean close by the peer (at a frame boundary,
+  // with TLS close_notify); otherwise the error, which names the peer.
+  using CloseHandler = std::function<void(const Status&)>;
+
+  Connection(std::unique_ptr<SslStream> stream, PeerIdentity peer, ConnectionOptions options);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Starts reading. REQUIRES: called once.
+  void start(MessageHandler on_message, CloseHandler on_close);
+  // Queues one envelope. FailedPrecondition once closing; ResourceExhausted when the queue is
+  // full; InvalidArgument when the message exceeds the frame limit.
+  Status send(const v1::Envelope& envelope);
+  // Called whenever the send queue becomes empty.
+  void set_drain_handler(std::function<void()> on_drain) { on_drain_ = std::move(on_drain); }
+  // Sends what is queued (within the frame deadline), then closes TLS and the socket.
+  void close();
+  // Closes at once with `reason` (passed to the close handler).
+  void abort(const Status& reason);
+
+  const PeerIdentity& peer() const { return peer_; }
+  size_t queued_bytes() const { return queued_bytes_; }
+  bool is_open() const { return !closing_ && !closed_; }
+
+  // Called after the socket is closed, before the close handler; used by Server to count.
+  void set_teardown_hook(std::function<void()> hook) { teardown_hook_ = std::move(hook); }
+
+ private:
+  void do_read();
+  void on_read(const asio::error_code& ec, size_t n);
+  Status consume(size_t n);
+  void arm_read_deadline();
+  void wait_read_deadline();
+  void do_write();
+  void begin_shutdown();
+  void fail(const Status& reason);
+  void teardown(const Status& reason);
+
+  std::unique_ptr<SslStream> stream_;
+  PeerIdentity peer_;
+  ConnectionOptions options_;
+  wire::FrameDecoder decoder_;
+  asio::steady_timer read_timer_;
+  asio::steady_timer write_timer_;
+  std::array<char, 16 * 1024> read_buf_{};  // one TLS record
+  bool frame_in_progress_ = false;
+  std::chrono::steady_clock::time_point frame_deadline_{};
+  std::chrono::steady_clock::time_point read_deadline_{};
+  bool read_timer_armed_ = false;
+
+  std::deque<std::string> queue_;
+  size_t queued_bytes_ = 0;
+  size_t writing_count_ = 0;  // frames at the head of queue_ handed to async_write
+  bool started_ = false;
+  bool closing_ = false;  // close() called: no more sends, flush then shut down
+  bool shutting_down_ = false;
+  bool closed_ = false;
+  Status close_status_;
+
+  MessageHandler on_message_;
+  CloseHandler on_close_;
+  std::function<void()> on_drain_;
+  std::function<void()> teardown_hook_;
+};
+
+}  // namespace starling::net

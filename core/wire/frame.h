@@ -1,0 +1,49 @@
+// Framing: each message on a stream is a 4-byte big-endian length followed by that many bytes.
+// FrameDecoder consumes bytes as they arrive and rejects a length above its hard limit.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "core/util/status.h"
+
+namespace starling::wire {
+
+inline constexpr size_t kFrameHeaderBytes = 4;
+// Default hard limit for one frame; large payloads go as chunks (core/wire/chunking.h).
+inline constexpr uint32_t kDefaultMaxFrameBytes = 16u << 20;
+
+// Appends header + payload to `out`. Fails (InvalidArgument) when payload exceeds max_bytes.
+Status append_frame(std::string& out, std::string_view payload,
+                    uint32_t max_bytes = kDefaultMaxFrameBytes);
+
+// Incremental decoder. Not thread-safe. After an error it stays failed: the stream is
+// unrecoverable and the connection must be closed.
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(uint32_t max_bytes = kDefaultMaxFrameBytes) : max_bytes_(max_bytes) {}
+
+  // Buffers `data`. Fails (DataLoss) once a header announces a frame above the limit.
+  Status feed(std::string_view data);
+  // The next complete frame, std::nullopt when more bytes are needed, or the sticky error.
+  // The view stays valid until the next call to feed().
+  Result<std::optional<std::string_view>> next();
+
+  // True when some bytes of an incomplete frame are buffered (a close now truncates it).
+  bool mid_frame() const { return buffer_.size() > consumed_; }
+  size_t buffered_bytes() const { return buffer_.size() - consumed_; }
+  uint32_t max_bytes() const { return max_bytes_; }
+
+ private:
+  Status check_header();
+
+  uint32_t max_bytes_;
+  std::string buffer_;
+  size_t consumed_ = 0;  // bytes of buffer_ already returned as frames
+  Status error_;
+};
+
+}  // namespace starling::wire

@@ -1,0 +1,140 @@
+// The starling binary end to end: train/sample on a tiny corpus, certificate tooling, and the
+// one-line errors (naming file, line and key) that bad input must produce.
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int rc = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Run run(const std::string& args) {
+  const std::string cmd = std::string(STARLING_BINARY_DIR) + "/apps/starling --log-level warn " + args + " 2>&1";
+  Run r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("starling_cli_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+void write(const fs::path& p, const std::string& text) {
+  std::ofstream f(p);
+  f << text;
+}
+
+}  // namespace
+
+TEST_CASE("cli: train a tiny GPT on a text file, then sample from it", "[apps]") {
+  const fs::path d = temp_dir("train");
+  std::string corpus;
+  for (int i = 0; i < 200; ++i) corpus += "to be or not to be, that is the question.\n";
+  write(d / "corpus.txt", corpus);
+  write(d / "tiny.toml", "[model]\nblock_size = 16\nn_layer = 1\nn_head = 2\nn_embd = 16\n"
+                         "[data]\npath = \"" + (d / "corpus.txt").string() + "\"\n"
+                         "[train]\nbatch_size = 4\nmax_iters = 6\nwarmup_iters = 2\nlr_decay_iters = 6\n"
+                         "eval_interval = 3\neval_iters = 2\nlog_interval = 2\nthreads = 1\n"
+                         "out_dir = \"" + (d / "out").string() + "\"\n");
+  Run t = run("train -c " + (d / "tiny.toml").string());
+  INFO(t.out);
+  REQUIRE(t.rc == 0);
+  REQUIRE_THAT(t.out, Catch::Contains("trained 6 steps"));
+  REQUIRE(fs::exists(d / "out" / "ckpt.safetensors"));
+  REQUIRE(fs::exists(d / "out" / "metrics.jsonl"));
+  REQUIRE(fs::exists(d / "out" / "config.toml"));
+
+  Run s = run("sample " + (d / "out" / "ckpt.safetensors").string() + " -n 40 --prompt to --seed 3");
+  INFO(s.out);
+  REQUIRE(s.rc == 0);
+  REQUIRE(s.out.rfind("to", 0) == 0);
+  REQUIRE(s.out.size() >= 42);
+  // --config finds the checkpoint through train.out_dir; same seed, same text.
+  Run s2 = run("sample -c " + (d / "tiny.toml").string() + " -n 40 --prompt to --seed 3");
+  REQUIRE(s2.rc == 0);
+  REQUIRE(s2.out == s.out);
+}
+
+TEST_CASE("cli: bad configs and checkpoints give one clear error and a non-zero exit", "[apps]") {
+  const fs::path d = temp_dir("errors");
+  SECTION("missing config file") {
+    Run r = run("train -c " + (d / "nope.toml").string());
+    REQUIRE(r.rc != 0);
+    REQUIRE_THAT(r.out, Catch::Contains("nope.toml"));
+  }
+  SECTION("mistyped key names file, line and a suggestion") {
+    write(d / "typo.toml", "[model]\nn_layer = 2\n\n[train]\nlearnig_rate = 0.1\n");
+    Run r = run("train -c " + (d / "typo.toml").string());
+    REQUIRE(r.rc != 0);
+    REQUIRE_THAT(r.out, Catch::Contains("typo.toml:5") && Catch::Contains("train.learnig_rate") &&
+                            Catch::Contains("learning_rate"));
+  }
+  SECTION("wrong type") {
+    write(d / "type.toml", "[model]\nn_head = \"four\"\n");
+    Run r = run("train -c " + (d / "type.toml").string());
+    REQUIRE(r.rc != 0);
+    REQUIRE_THAT(r.out, Catch::Contains("type.toml:2") && Catch::Contains("model.n_head"));
+  }
+  SECTION("missing data file") {
+    write(d / "data.toml", "[data]\npath = \"" + (d / "absent.txt").string() + "\"\n");
+    Run r = run("train -c " + (d / "data.toml").string());
+    REQUIRE(r.rc != 0);
+    REQUIRE_THAT(r.out, Catch::Contains("absent.txt"));
+  }
+  SECTION("corrupt checkpoint") {
+    write(d / "bad.safetensors", std::string("\x10\0\0\0\0\0\0\0{\"a\":", 13));
+    Run r = run("sample " + (d / "bad.safetensors").string());
+    REQUIRE(r.rc != 0);
+    REQUIRE_THAT(r.out, Catch::Contains("bad.safetensors"));
+  }
+  SECTION("bad --set override") {
+    Run r = run("train -c " + std::string(STARLING_SOURCE_DIR) + "/configs/gpt_char_cpu.toml --set model.n_layers=3");
+    REQUIRE(r.rc != 0);
+    REQUIRE_THAT(r.out, Catch::Contains("model.n_layers"));
+  }
+}
+
+TEST_CASE("cli: certs init-ca, issue and show", "[apps]") {
+  const fs::path d = temp_dir("certs");
+  Run ca = run("certs init-ca --out " + (d / "ca").string() + " --name test-federation");
+  INFO(ca.out);
+  REQUIRE(ca.rc == 0);
+  REQUIRE(fs::exists(d / "ca" / "ca.crt"));
+  struct stat st {};
+  REQUIRE(stat((d / "ca" / "ca.key").c_str(), &st) == 0);
+  REQUIRE((st.st_mode & 0777) == 0600);
+  Run issue = run("certs issue --ca " + (d / "ca").string() + " --name client-7 --role client --out " +
+                  (d / "client").string());
+  INFO(issue.out);
+  REQUIRE(issue.rc == 0);
+  fs::path crt;
+  for (const auto& e : fs::directory_iterator(d / "client")) {
+    if (e.path().extension() == ".crt" && e.path().filename() != "ca.crt") crt = e.path();
+  }
+  REQUIRE_FALSE(crt.empty());
+  Run show = run("certs show " + crt.string());
+  INFO(show.out);
+  REQUIRE(show.rc == 0);
+  REQUIRE_THAT(show.out, Catch::Contains("client-7"));
+  Run bad = run("certs show " + (d / "nothing.crt").string());
+  REQUIRE(bad.rc != 0);
+}

@@ -1,0 +1,85 @@
+// Certificate tooling: issue, PEM round trip, identity and description, private key files.
+#include "core/net/certs.h"
+
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+namespace starling::net {
+namespace {
+
+CertSpec spec(std::string name, CertRole role, std::vector<std::string> sans = {}) {
+  CertSpec s;
+  s.common_name = std::move(name);
+  s.role = role;
+  s.sans = std::move(sans);
+  return s;
+}
+
+TEST_CASE("a CA issues certificates that carry the node identity", "[net]") {
+  auto ca = make_ca(spec("federation-1", CertRole::kCa));
+  REQUIRE(ca.ok());
+  auto node = issue_cert(*ca, spec("edge-7", CertRole::kPeer, {"DNS:edge-7.lan", "IP:10.1.2.3"}));
+  REQUIRE(node.ok());
+
+  auto pem = cert_to_pem(node->cert.get());
+  REQUIRE(pem.ok());
+  auto back = cert_from_pem(*pem);
+  REQUIRE(back.ok());
+  const CertIdentity id = cert_identity(back->get());
+  CHECK(id.common_name == "edge-7");
+  CHECK(id.role == "peer");
+  CHECK(id.dns_names == std::vector<std::string>{"edge-7.lan"});
+  CHECK(id.ip_addresses == std::vector<std::string>{"10.1.2.3"});
+
+  auto text = describe_cert(back->get());
+  REQUIRE(text.ok());
+  CHECK_THAT(*text, Catch::Contains("CN = edge-7"));
+  CHECK_THAT(*text, Catch::Contains("CN = federation-1"));
+  CHECK_THAT(*text, Catch::Contains("serverAuth clientAuth"));
+  CHECK_THAT(*text, Catch::Contains("is CA:       no"));
+  auto ca_text = describe_cert(ca->cert.get());
+  REQUIRE(ca_text.ok());
+  CHECK_THAT(*ca_text, Catch::Contains("is CA:       yes"));
+
+  auto key_pem = key_to_pem(node->key.get());
+  REQUIRE(key_pem.ok());
+  auto key = key_from_pem(*key_pem);
+  REQUIRE(key.ok());
+  CHECK(EVP_PKEY_eq(key->get(), node->key.get()) == 1);
+}
+
+TEST_CASE("bad certificate requests and input are errors", "[net]") {
+  auto ca = make_ca(spec("federation-1", CertRole::kCa));
+  REQUIRE(ca.ok());
+  CHECK_FALSE(issue_cert(*ca, spec("x", CertRole::kServer, {"URI:http://x"})).ok());
+  CHECK_FALSE(issue_cert(*ca, spec("", CertRole::kServer)).ok());
+  CHECK_FALSE(issue_cert(*ca, spec("x", CertRole::kCa)).ok());
+  CHECK_FALSE(make_ca(spec("x", CertRole::kServer)).ok());
+  CHECK_FALSE(cert_from_pem("-----BEGIN CERTIFICATE-----\ngarbage\n").ok());
+  CHECK_FALSE(key_from_pem("").ok());
+  CHECK_FALSE(certs_from_pem("nothing").ok());
+  CHECK(parse_cert_role("server").ok());
+  CHECK_FALSE(parse_cert_role("admin").ok());
+  CHECK(drain_openssl_errors().empty());
+}
+
+TEST_CASE("private keys are written with mode 0600", "[net]") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("starling_certs_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "node.key").string();
+  REQUIRE(write_file(path, "secret", 0600).ok());
+  struct stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  auto back = read_file(path);
+  REQUIRE(back.ok());
+  CHECK(*back == "secret");
+  CHECK(read_file((dir / "missing").string()).status().code() == StatusCode::kNotFound);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace starling::net

@@ -1,0 +1,169 @@
+// Chunked transfers: larger than the frame limit, corrupt chunks detected and re-requested,
+// resumption from the last acknowledged chunk, untrusted headers validated.
+#include "core/net/chunk_stream.h"
+
+#include <catch2/catch.hpp>
+#include <optional>
+
+#include "core/net/client.h"
+#include "core/util/rng.h"
+#include "core/wire/crc32c.h"
+#include "tests/testing/loopback.h"
+#include "tests/testing/tls_fixtures.h"
+
+namespace starling::net {
+namespace {
+
+std::string random_payload(size_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(rng.next_u64());
+  return s;
+}
+
+TEST_CASE("a transfer larger than the frame limit arrives intact over TLS", "[net]") {
+  constexpr uint32_t kFrameLimit = 1 << 20;
+  const std::string payload = random_payload(5'000'000 + 17, 3);
+  testing::TestPki pki;
+  const auto server_node = pki.issue("aggregator", CertRole::kServer);
+  const auto client_node = pki.issue("client-1", CertRole::kClient);
+  asio::io_context io;
+  ServerOptions so;
+  so.connection.max_frame_bytes = kFrameLimit;
+  testing::LoopbackServer server(
+      io, {pki.ca_pem(), server_node.cert_pem, server_node.key_pem, "", true}, so);
+  server.echo = false;
+
+  auto ctx = make_tls_context({pki.ca_pem(), client_node.cert_pem, client_node.key_pem, "", true},
+                              TlsSide::kClient);
+  REQUIRE(ctx.ok());
+  ClientOptions co;
+  co.host = "127.0.0.1";
+  co.port = server.port();
+  co.connection.max_frame_bytes = kFrameLimit;
+  std::optional<Result<std::shared_ptr<Connection>>> conn;
+  connect(io, *ctx, co, [&](Result<std::shared_ptr<Connection>> r) { conn.emplace(std::move(r)); });
+  REQUIRE(testing::run_until(io, std::chrono::seconds(5), [&] { return conn.has_value(); }));
+  REQUIRE(conn->ok());
+  auto c = **conn;
+  c->start([](v1::Envelope) {}, [](const Status&) {});
+
+  ChunkSender sender(42, payload, 256 * 1024, "test/bytes");
+  v1::Envelope whole;
+  whole.mutable_chunk()->set_data(payload);
+  CHECK(c->send(whole).code() == StatusCode::kInvalidArgument);  // one frame cannot hold it
+
+  v1::Envelope head;
+  head.set_seq(1);
+  *head.mutable_update_upload()->mutable_transfer() = sender.header();
+  REQUIRE(c->send(head).ok());
+  for (uint64_t i = 0; i < sender.num_chunks(); ++i) {
+    v1::Envelope e;
+    e.set_seq(i + 2);
+    auto chunk = sender.chunk(i);
+    REQUIRE(chunk.ok());
+    *e.mutable_chunk() = std::move(*chunk);
+    REQUIRE(c->send(e).ok());
+  }
+  const size_t expected = sender.num_chunks() + 1;
+  REQUIRE(testing::run_until(io, std::chrono::seconds(10),
+                             [&] { return server.received.size() == expected; }));
+
+  auto receiver =
+      ChunkReceiver::create_buffered(server.received[0].update_upload().transfer(), 64 << 20);
+  REQUIRE(receiver.ok());
+  for (size_t i = 1; i < server.received.size(); ++i) {
+    REQUIRE(receiver->accept(server.received[i].chunk()).ok());
+  }
+  REQUIRE(receiver->finish().ok());
+  CHECK(receiver->ack().complete());
+  CHECK(receiver->take_payload() == payload);
+}
+
+TEST_CASE("corrupt chunks are detected, re-requested, and the transfer resumes", "[net]") {
+  const std::string payload = random_payload(100'000, 5);
+  ChunkSender sender(7, payload, 4096);
+  REQUIRE(sender.num_chunks() == 25);
+  auto receiver = ChunkReceiver::create_buffered(sender.header(), 1 << 20);
+  REQUIRE(receiver.ok());
+  auto chunk = [&](uint64_t i) {
+    auto c = sender.chunk(i);
+    REQUIRE(c.ok());
+    return *c;
+  };
+
+  for (uint64_t i = 0; i < 10; ++i) REQUIRE(receiver->accept(chunk(i)).ok());
+
+  SECTION("a flipped bit fails the CRC; the resent chunk is accepted") {
+    auto bad = chunk(10);
+    (*bad.mutable_data())[100] ^= 0x04;
+    const Status s = receiver->accept(bad);
+    CHECK(s.code() == StatusCode::kDataLoss);
+    CHECK_THAT(s.message(), Catch::Contains("chunk 10 fails its CRC32C"));
+    CHECK(receiver->ack().next_index() == 10);  // what the receiver asks for again
+  }
+  SECTION("a truncated chunk is rejected") {
+    auto bad = chunk(10);
+    bad.mutable_data()->resize(100);
+    bad.set_crc32c(wire::crc32c(bad.data()));
+    CHECK(receiver->accept(bad).code() == StatusCode::kDataLoss);
+  }
+  SECTION("the connection drops; the sender resumes from the last acknowledgement") {
+    CHECK(receiver->accept(chunk(12)).code() == StatusCode::kOutOfRange);  // a gap
+    CHECK(receiver->accept(chunk(3)).ok());                                // old resend: ignored
+  }
+  for (uint64_t i = receiver->ack().next_index(); i < sender.num_chunks(); ++i) {
+    REQUIRE(receiver->accept(chunk(i)).ok());
+  }
+  REQUIRE(receiver->finish().ok());
+  CHECK(receiver->take_payload() == payload);
+}
+
+TEST_CASE("the whole-payload SHA-256 catches what chunk CRCs cannot", "[net]") {
+  const std::string payload = random_payload(10'000, 9);
+  ChunkSender sender(1, payload, 1000);
+  auto receiver = ChunkReceiver::create_buffered(sender.header(), 1 << 20);
+  REQUIRE(receiver.ok());
+  for (uint64_t i = 0; i < sender.num_chunks(); ++i) {
+    auto c = *sender.chunk(i);
+    if (i == 4) {  // altered together with its CRC, as a faulty sender might
+      (*c.mutable_data())[0] ^= 1;
+      c.set_crc32c(wire::crc32c(c.data()));
+    }
+    REQUIRE(receiver->accept(c).ok());
+  }
+  const Status s = receiver->finish();
+  CHECK(s.code() == StatusCode::kDataLoss);
+  CHECK_THAT(s.message(), Catch::Contains("SHA-256"));
+}
+
+TEST_CASE("untrusted transfer headers are validated", "[net]") {
+  ChunkSender sender(1, "0123456789", 4);
+  CHECK(sender.num_chunks() == 3);
+  auto header = sender.header();
+  CHECK(ChunkReceiver::create_buffered(header, 9).status().code() ==
+        StatusCode::kResourceExhausted);
+  auto h = header;
+  h.set_chunk_bytes(0);
+  CHECK_FALSE(ChunkReceiver::create_buffered(h, 100).ok());
+  h = header;
+  h.set_num_chunks(1ull << 60);
+  CHECK_FALSE(ChunkReceiver::create_buffered(h, 100).ok());
+  h = header;
+  h.set_sha256("short");
+  CHECK_FALSE(ChunkReceiver::create_buffered(h, 100).ok());
+  auto r = ChunkReceiver::create_buffered(header, 100);
+  REQUIRE(r.ok());
+  auto c = *sender.chunk(0);
+  c.set_transfer_id(2);
+  CHECK(r->accept(c).code() == StatusCode::kInvalidArgument);
+  CHECK(r->finish().code() == StatusCode::kFailedPrecondition);
+  CHECK(sender.chunk(3).status().code() == StatusCode::kOutOfRange);
+  ChunkSender empty(3, "", 4);
+  auto er = ChunkReceiver::create_buffered(empty.header(), 100);
+  REQUIRE(er.ok());
+  CHECK(er->finish().ok());
+}
+
+}  // namespace
+}  // namespace starling::net
