@@ -55,9 +55,10 @@ int main(int argc, char** argv) {
   std::sort(times.begin(), times.end());
   const double med = times[times.size() / 2];
   const double tps = static_cast<double>(batch * c.block_size) / med;
-  std::printf("{\"engine\":\"starling\",\"threads\":%d,\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
-              "\"params\":%lld,\"loss\":%.4f}\n",
-              omp_get_max_threads(), med * 1e3, tps, static_cast<long long>(model.num_parameters()),
-              loss_v);
+  std::printf(
+      "{\"engine\":\"starling\",\"threads\":%d,\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
+      "\"params\":%lld,\"loss\":%.4f}\n",
+      omp_get_max_threads(), med * 1e3, tps, static_cast<long long>(model.num_parameters()),
+      loss_v);
   return 0;
 }

@@ -9,7 +9,7 @@ PACKAGES=(
   libspdlog-dev libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
   libprotobuf-dev protobuf-compiler
   libasio-dev libssl-dev openssl
-  libpcre2-dev
+  libpcre2-dev zlib1g-dev
   catch2
 )
 if [[ "${STARLING_DEPS_EXTRA:-}" != "" ]]; then

@@ -18,7 +18,8 @@ void register_info(CLI::App& app, CommandContext& /*ctx*/) {
     if (devs.empty()) std::printf("cuda devices: none\n");
     for (const auto& d : devs) {
       std::printf("cuda device %d: %s, %.1f GiB, sm_%d%d\n", d.index, d.name.c_str(),
-                  static_cast<double>(d.total_memory) / (1 << 30), d.compute_major, d.compute_minor);
+                  static_cast<double>(d.total_memory) / (1 << 30), d.compute_major,
+                  d.compute_minor);
     }
   });
 }

@@ -57,8 +57,8 @@ void register_train(CLI::App& app, CommandContext& ctx) {
     auto res = models::train_gpt(cfg, *config_path);
     if (!res.ok()) return fail(ctx, res.status().message());
     std::printf("trained %lld steps in %.1f s: val loss %.4f (best %.4f), %.0f tokens/s\n",
-                static_cast<long long>(res->iters), res->seconds, res->val_loss,
-                res->best_val_loss, res->tokens_per_second);
+                static_cast<long long>(res->iters), res->seconds, res->val_loss, res->best_val_loss,
+                res->tokens_per_second);
     std::printf("checkpoint: %s\n", res->checkpoint.string().c_str());
   });
 }
@@ -104,8 +104,8 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
     if (!ids.ok()) return fail(ctx, "--prompt: " + ids.status().message());
     if (ids->empty()) return fail(ctx, "--prompt must not be empty");
     Rng rng(o->seed.value_or(sc.seed()));
-    spdlog::info("sampling from {} (step {}, val loss {:.4f}), seed {}", ckpt,
-                 loaded->info.iter, loaded->info.val_loss, o->seed.value_or(sc.seed()));
+    spdlog::info("sampling from {} (step {}, val loss {:.4f}), seed {}", ckpt, loaded->info.iter,
+                 loaded->info.val_loss, o->seed.value_or(sc.seed()));
     const auto out = loaded->model->generate(*ids, o->max_new_tokens.value_or(sc.max_new_tokens()),
                                              o->temperature.value_or(sc.temperature()),
                                              o->top_k.value_or(sc.top_k()), rng);

@@ -62,7 +62,8 @@ Status Module::load_state_dict(const io::StateDict& sd, bool strict) {
   }
   if (strict) {
     for (const auto& [name, t] : sd) {
-      if (!used.count(name)) return invalid_argument("unexpected tensor '" + name + "' in state dict");
+      if (!used.count(name))
+        return invalid_argument("unexpected tensor '" + name + "' in state dict");
     }
   }
   return ok_status();

@@ -16,13 +16,14 @@ double residual_std(const TransformerShape& s) {
 
 SelfAttention::SelfAttention(const TransformerShape& s, Rng& init, Rng& dropout_rng)
     : s_(s), rng_(&dropout_rng) {
-  c_attn = register_module("c_attn", std::make_shared<Linear>(s.n_embd, 3 * s.n_embd, s.bias, init));
-  c_proj = register_module("c_proj",
-                           std::make_shared<Linear>(s.n_embd, s.n_embd, s.bias, init, residual_std(s)));
+  c_attn =
+      register_module("c_attn", std::make_shared<Linear>(s.n_embd, 3 * s.n_embd, s.bias, init));
+  c_proj = register_module(
+      "c_proj", std::make_shared<Linear>(s.n_embd, s.n_embd, s.bias, init, residual_std(s)));
 }
 
 Tensor SelfAttention::forward(const Tensor& x) const {
-  const Tensor qkv = c_attn->forward(x);                          // (B, T, 3C)
+  const Tensor qkv = c_attn->forward(x);                              // (B, T, 3C)
   const Tensor y = ops::attention_packed(qkv, s_.n_head, s_.causal);  // (B, T, C)
   // Attention-probability dropout is folded into residual dropout here (nanoGPT applies both
   // with the same p; with p = 0 the two are identical).
@@ -32,8 +33,8 @@ Tensor SelfAttention::forward(const Tensor& x) const {
 Mlp::Mlp(const TransformerShape& s, Rng& init, Rng& dropout_rng)
     : dropout_(s.dropout), rng_(&dropout_rng) {
   c_fc = register_module("c_fc", std::make_shared<Linear>(s.n_embd, 4 * s.n_embd, s.bias, init));
-  c_proj = register_module("c_proj",
-                           std::make_shared<Linear>(4 * s.n_embd, s.n_embd, s.bias, init, residual_std(s)));
+  c_proj = register_module(
+      "c_proj", std::make_shared<Linear>(4 * s.n_embd, s.n_embd, s.bias, init, residual_std(s)));
 }
 
 Tensor Mlp::forward(const Tensor& x) const {

@@ -28,7 +28,8 @@ void attn_forward(const T* q, const T* k, const T* v, Layout in, T* out, Layout 
     const int64_t b = bh / H, h = bh % H;
     T* p = probs + bh * Tn * Tn;
     const int64_t io = in.at(b, h);
-    gemm<T>(false, true, Tn, Tn, D, scale, q + io, in.row_stride, k + io, in.row_stride, T(0), p, Tn);
+    gemm<T>(false, true, Tn, Tn, D, scale, q + io, in.row_stride, k + io, in.row_stride, T(0), p,
+            Tn);
     for (int64_t t = 0; t < Tn; ++t) internal::softmax_row(p + t * Tn, Tn, causal ? t + 1 : Tn);
     gemm<T>(false, false, Tn, D, Tn, T(1), p, Tn, v + io, in.row_stride, T(0), out + ol.at(b, h),
             ol.row_stride);
@@ -37,8 +38,8 @@ void attn_forward(const T* q, const T* k, const T* v, Layout in, T* out, Layout 
 
 template <typename T>
 void attn_backward(const T* q, const T* k, const T* v, Layout in, const T* gout, Layout ol,
-                   const T* probs, T* gq, T* gk, T* gv, Layout gl, int64_t B, int64_t H,
-                   int64_t Tn, int64_t D) {
+                   const T* probs, T* gq, T* gk, T* gv, Layout gl, int64_t B, int64_t H, int64_t Tn,
+                   int64_t D) {
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
 #pragma omp parallel
   {
@@ -89,17 +90,18 @@ Tensor attention_packed(const Tensor& qkv, int64_t n_head, bool causal) {
                     causal);
   });
   if (!autograd::needs_grad({&qkv})) return out;
-  return autograd::record(out, "attention", {qkv}, [x, probs, B, Tn, C, D, n_head, in, ol](const Tensor& g) {
-    const Tensor gc = g.contiguous();
-    Tensor gx = Tensor::uninitialized(x.shape(), x.dtype());
-    internal::dispatch_float(x.dtype(), "attention", [&]<typename T>() {
-      const T* p = x.data<T>();
-      T* gp = gx.data<T>();
-      attn_backward<T>(p, p + C, p + 2 * C, in, gc.data<T>(), ol, probs.data<T>(), gp, gp + C,
-                       gp + 2 * C, in, B, n_head, Tn, D);
-    });
-    return std::vector<Tensor>{gx};
-  });
+  return autograd::record(
+      out, "attention", {qkv}, [x, probs, B, Tn, C, D, n_head, in, ol](const Tensor& g) {
+        const Tensor gc = g.contiguous();
+        Tensor gx = Tensor::uninitialized(x.shape(), x.dtype());
+        internal::dispatch_float(x.dtype(), "attention", [&]<typename T>() {
+          const T* p = x.data<T>();
+          T* gp = gx.data<T>();
+          attn_backward<T>(p, p + C, p + 2 * C, in, gc.data<T>(), ol, probs.data<T>(), gp, gp + C,
+                           gp + 2 * C, in, B, n_head, Tn, D);
+        });
+        return std::vector<Tensor>{gx};
+      });
 }
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
@@ -115,17 +117,19 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal)
                     B, H, Tn, D, causal);
   });
   if (!autograd::needs_grad({&q, &k, &v})) return out;
-  return autograd::record(out, "attention", {q, k, v}, [qc, kc, vc, probs, l, B, H, Tn, D](const Tensor& g) {
-    const Tensor gc = g.contiguous();
-    Tensor gq = Tensor::uninitialized(qc.shape(), qc.dtype());
-    Tensor gk = Tensor::uninitialized(qc.shape(), qc.dtype());
-    Tensor gv = Tensor::uninitialized(qc.shape(), qc.dtype());
-    internal::dispatch_float(qc.dtype(), "attention", [&]<typename T>() {
-      attn_backward<T>(qc.data<T>(), kc.data<T>(), vc.data<T>(), l, gc.data<T>(), l,
-                       probs.data<T>(), gq.data<T>(), gk.data<T>(), gv.data<T>(), l, B, H, Tn, D);
-    });
-    return std::vector<Tensor>{gq, gk, gv};
-  });
+  return autograd::record(out, "attention", {q, k, v},
+                          [qc, kc, vc, probs, l, B, H, Tn, D](const Tensor& g) {
+                            const Tensor gc = g.contiguous();
+                            Tensor gq = Tensor::uninitialized(qc.shape(), qc.dtype());
+                            Tensor gk = Tensor::uninitialized(qc.shape(), qc.dtype());
+                            Tensor gv = Tensor::uninitialized(qc.shape(), qc.dtype());
+                            internal::dispatch_float(qc.dtype(), "attention", [&]<typename T>() {
+                              attn_backward<T>(qc.data<T>(), kc.data<T>(), vc.data<T>(), l,
+                                               gc.data<T>(), l, probs.data<T>(), gq.data<T>(),
+                                               gk.data<T>(), gv.data<T>(), l, B, H, Tn, D);
+                            });
+                            return std::vector<Tensor>{gq, gk, gv};
+                          });
 }
 
 }  // namespace starling::ops

@@ -19,8 +19,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
   int64_t count = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (pt[i] == ignore_index) continue;
-    STARLING_OP_CHECK(pt[i] >= 0 && pt[i] < v, "cross_entropy",
-                      "target " + std::to_string(pt[i]) + " out of range [0, " + std::to_string(v) + ")");
+    STARLING_OP_CHECK(
+        pt[i] >= 0 && pt[i] < v, "cross_entropy",
+        "target " + std::to_string(pt[i]) + " out of range [0, " + std::to_string(v) + ")");
     ++count;
   }
   Tensor lse = Tensor::uninitialized({n}, logits.dtype());
@@ -42,28 +43,29 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
     out.data<T>()[0] = static_cast<T>(count ? total / static_cast<double>(count) : 0.0);
   });
   if (!autograd::needs_grad({&logits})) return out;
-  return autograd::record(out, "cross_entropy", {logits}, [lc, tc, lse, n, v, count, ignore_index](const Tensor& g) {
-    Tensor gl = Tensor::uninitialized(lc.shape(), lc.dtype());
-    internal::dispatch_float(lc.dtype(), "cross_entropy", [&]<typename T>() {
-      const T scale = count ? static_cast<T>(g.item() / static_cast<double>(count)) : T(0);
-      const T* p = lc.data<T>();
-      const T* pl = lse.data<T>();
-      const int32_t* tgt = tc.data<int32_t>();
-      T* o = gl.data<T>();
+  return autograd::record(
+      out, "cross_entropy", {logits}, [lc, tc, lse, n, v, count, ignore_index](const Tensor& g) {
+        Tensor gl = Tensor::uninitialized(lc.shape(), lc.dtype());
+        internal::dispatch_float(lc.dtype(), "cross_entropy", [&]<typename T>() {
+          const T scale = count ? static_cast<T>(g.item() / static_cast<double>(count)) : T(0);
+          const T* p = lc.data<T>();
+          const T* pl = lse.data<T>();
+          const int32_t* tgt = tc.data<int32_t>();
+          T* o = gl.data<T>();
 #pragma omp parallel for if (n * v > (1 << 14))
-      for (int64_t i = 0; i < n; ++i) {
-        T* orow = o + i * v;
-        if (tgt[i] == ignore_index) {
-          std::fill(orow, orow + v, T(0));
-          continue;
-        }
-        const T* row = p + i * v;
-        for (int64_t j = 0; j < v; ++j) orow[j] = std::exp(row[j] - pl[i]) * scale;
-        orow[tgt[i]] -= scale;
-      }
-    });
-    return std::vector<Tensor>{gl};
-  });
+          for (int64_t i = 0; i < n; ++i) {
+            T* orow = o + i * v;
+            if (tgt[i] == ignore_index) {
+              std::fill(orow, orow + v, T(0));
+              continue;
+            }
+            const T* row = p + i * v;
+            for (int64_t j = 0; j < v; ++j) orow[j] = std::exp(row[j] - pl[i]) * scale;
+            orow[tgt[i]] -= scale;
+          }
+        });
+        return std::vector<Tensor>{gl};
+      });
 }
 
 }  // namespace starling::ops

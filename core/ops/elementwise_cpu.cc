@@ -117,10 +117,18 @@ Tensor binary_forward(const Tensor& a, const Tensor& b, BinOp op, const char* na
   Tensor out = Tensor::uninitialized(shape, a.dtype());
   dispatch_float(a.dtype(), name, [&]<typename T>() {
     switch (op) {
-      case BinOp::kAdd: binary_kernel<T>(a, b, out, [](T x, T y) { return x + y; }); break;
-      case BinOp::kSub: binary_kernel<T>(a, b, out, [](T x, T y) { return x - y; }); break;
-      case BinOp::kMul: binary_kernel<T>(a, b, out, [](T x, T y) { return x * y; }); break;
-      case BinOp::kDiv: binary_kernel<T>(a, b, out, [](T x, T y) { return x / y; }); break;
+      case BinOp::kAdd:
+        binary_kernel<T>(a, b, out, [](T x, T y) { return x + y; });
+        break;
+      case BinOp::kSub:
+        binary_kernel<T>(a, b, out, [](T x, T y) { return x - y; });
+        break;
+      case BinOp::kMul:
+        binary_kernel<T>(a, b, out, [](T x, T y) { return x * y; });
+        break;
+      case BinOp::kDiv:
+        binary_kernel<T>(a, b, out, [](T x, T y) { return x / y; });
+        break;
     }
   });
   return out;
@@ -191,9 +199,8 @@ Tensor mul_scalar(const Tensor& a, double s) {
     return unary_kernel<T>(a, [v](T x) { return x * v; });
   });
   if (!autograd::needs_grad({&a})) return out;
-  return autograd::record(out, "mul_scalar", {a}, [s](const Tensor& g) {
-    return std::vector<Tensor>{mul_scalar(g, s)};
-  });
+  return autograd::record(out, "mul_scalar", {a},
+                          [s](const Tensor& g) { return std::vector<Tensor>{mul_scalar(g, s)}; });
 }
 
 Tensor neg(const Tensor& a) { return mul_scalar(a, -1.0); }

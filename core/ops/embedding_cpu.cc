@@ -16,8 +16,9 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   const int32_t* pid = idc.data<int32_t>();
   const int64_t n = idc.numel();
   for (int64_t i = 0; i < n; ++i) {
-    STARLING_OP_CHECK(pid[i] >= 0 && pid[i] < v, "embedding",
-                      "id " + std::to_string(pid[i]) + " out of range [0, " + std::to_string(v) + ")");
+    STARLING_OP_CHECK(
+        pid[i] >= 0 && pid[i] < v, "embedding",
+        "id " + std::to_string(pid[i]) + " out of range [0, " + std::to_string(v) + ")");
   }
   Shape out_shape = ids.shape();
   out_shape.push_back(c);
@@ -25,7 +26,8 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   const size_t row_bytes = static_cast<size_t>(c) * dtype_size(weight.dtype());
   const char* pw = static_cast<const char*>(wc.raw_data());
   char* po = static_cast<char*>(out.raw_data());
-  for (int64_t i = 0; i < n; ++i) std::memcpy(po + i * row_bytes, pw + pid[i] * row_bytes, row_bytes);
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(po + i * row_bytes, pw + pid[i] * row_bytes, row_bytes);
   if (!autograd::needs_grad({&weight})) return out;
   const Shape w_shape = weight.shape();
   return autograd::record(out, "embedding", {weight}, [idc, w_shape, c](const Tensor& g) {

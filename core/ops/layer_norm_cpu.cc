@@ -1,5 +1,8 @@
 // CPU layer norm: one pass per row for the statistics, saved for the backward pass.
+#include <omp.h>
+
 #include <cmath>
+#include <vector>
 
 #include "core/autograd/autograd.h"
 #include "core/ops/internal/op_util.h"
@@ -44,60 +47,65 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   });
   if (!autograd::needs_grad({&x, &weight, &bias})) return out;
   const bool has_bias = bias.defined();
-  return autograd::record(
-      out, "layer_norm", {x, weight, bias},
-      [xc, wc, mean_t, rstd_t, has_bias, rows, c](const Tensor& g) {
-        const Tensor gc = g.contiguous();
-        Tensor gx = Tensor::uninitialized(xc.shape(), xc.dtype());
-        Tensor gw = Tensor::zeros({c}, xc.dtype());
-        Tensor gb = Tensor::zeros({c}, xc.dtype());
-        internal::dispatch_float(xc.dtype(), "layer_norm", [&]<typename T>() {
-          const T* px = xc.data<T>();
-          const T* pw = wc.data<T>();
-          const T* pg = gc.data<T>();
-          const T* pm = mean_t.data<T>();
-          const T* pr = rstd_t.data<T>();
-          T* pgx = gx.data<T>();
-          // dx: per row, parallel; dweight/dbias: reduce over rows serially per thread.
-#pragma omp parallel
-          {
-            std::vector<T> lw(static_cast<size_t>(c), T(0)), lb(static_cast<size_t>(c), T(0));
-#pragma omp for
-            for (int64_t r = 0; r < rows; ++r) {
-              const T* row = px + r * c;
-              const T* grow = pg + r * c;
-              const T m = pm[r], rs = pr[r];
-              T dnorm_mean = 0, dnorm_norm_mean = 0;
-              for (int64_t j = 0; j < c; ++j) {
-                const T norm = (row[j] - m) * rs;
-                const T dnorm = grow[j] * pw[j];
-                dnorm_mean += dnorm;
-                dnorm_norm_mean += dnorm * norm;
-                lw[j] += grow[j] * norm;
-                lb[j] += grow[j];
-              }
-              dnorm_mean /= static_cast<T>(c);
-              dnorm_norm_mean /= static_cast<T>(c);
-              T* gxrow = pgx + r * c;
-              for (int64_t j = 0; j < c; ++j) {
-                const T norm = (row[j] - m) * rs;
-                const T dnorm = grow[j] * pw[j];
-                gxrow[j] = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rs;
-              }
-            }
-#pragma omp critical
-            {
-              T* pgw = gw.data<T>();
-              T* pgb = gb.data<T>();
-              for (int64_t j = 0; j < c; ++j) {
-                pgw[j] += lw[j];
-                pgb[j] += lb[j];
-              }
-            }
-          }
-        });
-        return std::vector<Tensor>{gx, gw, has_bias ? gb : Tensor()};
-      });
+  return autograd::record(out, "layer_norm", {x, weight, bias},
+                          [xc, wc, mean_t, rstd_t, has_bias, rows, c](const Tensor& g) {
+                            const Tensor gc = g.contiguous();
+                            Tensor gx = Tensor::uninitialized(xc.shape(), xc.dtype());
+                            Tensor gw = Tensor::zeros({c}, xc.dtype());
+                            Tensor gb = Tensor::zeros({c}, xc.dtype());
+                            internal::dispatch_float(xc.dtype(), "layer_norm", [&]<typename T>() {
+                              const T* px = xc.data<T>();
+                              const T* pw = wc.data<T>();
+                              const T* pg = gc.data<T>();
+                              const T* pm = mean_t.data<T>();
+                              const T* pr = rstd_t.data<T>();
+                              T* pgx = gx.data<T>();
+                              // dx: per row, parallel. dweight/dbias: per-thread partial sums added
+                              // in thread order afterwards, so the result does not depend on
+                              // scheduling.
+                              const int nt = omp_get_max_threads();
+                              std::vector<T> part(static_cast<size_t>(2 * nt * c), T(0));
+#pragma omp parallel num_threads(nt)
+                              {
+                                T* lw =
+                                    part.data() + static_cast<size_t>(2 * omp_get_thread_num() * c);
+                                T* lb = lw + c;
+#pragma omp for schedule(static)
+                                for (int64_t r = 0; r < rows; ++r) {
+                                  const T* row = px + r * c;
+                                  const T* grow = pg + r * c;
+                                  const T m = pm[r], rs = pr[r];
+                                  T dnorm_mean = 0, dnorm_norm_mean = 0;
+                                  for (int64_t j = 0; j < c; ++j) {
+                                    const T norm = (row[j] - m) * rs;
+                                    const T dnorm = grow[j] * pw[j];
+                                    dnorm_mean += dnorm;
+                                    dnorm_norm_mean += dnorm * norm;
+                                    lw[j] += grow[j] * norm;
+                                    lb[j] += grow[j];
+                                  }
+                                  dnorm_mean /= static_cast<T>(c);
+                                  dnorm_norm_mean /= static_cast<T>(c);
+                                  T* gxrow = pgx + r * c;
+                                  for (int64_t j = 0; j < c; ++j) {
+                                    const T norm = (row[j] - m) * rs;
+                                    const T dnorm = grow[j] * pw[j];
+                                    gxrow[j] = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rs;
+                                  }
+                                }
+                              }
+                              T* pgw = gw.data<T>();
+                              T* pgb = gb.data<T>();
+                              for (int t = 0; t < nt; ++t) {
+                                const T* lw = part.data() + static_cast<size_t>(2 * t * c);
+                                for (int64_t j = 0; j < c; ++j) {
+                                  pgw[j] += lw[j];
+                                  pgb[j] += lw[c + j];
+                                }
+                              }
+                            });
+                            return std::vector<Tensor>{gx, gw, has_bias ? gb : Tensor()};
+                          });
 }
 
 }  // namespace starling::ops

@@ -43,8 +43,10 @@ struct MatArg {
 
 MatArg as_blas(const Tensor& t) {
   const int64_t r = t.shape()[0], c = t.shape()[1];
-  if (t.strides()[1] == 1 && t.strides()[0] >= std::max<int64_t>(c, 1)) return {t, false, t.strides()[0]};
-  if (t.strides()[0] == 1 && t.strides()[1] >= std::max<int64_t>(r, 1)) return {t, true, t.strides()[1]};
+  if (t.strides()[1] == 1 && t.strides()[0] >= std::max<int64_t>(c, 1))
+    return {t, false, t.strides()[0]};
+  if (t.strides()[0] == 1 && t.strides()[1] >= std::max<int64_t>(r, 1))
+    return {t, true, t.strides()[1]};
   Tensor cc = t.contiguous();
   return {cc, false, std::max<int64_t>(c, 1)};
 }
@@ -72,15 +74,17 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   STARLING_OP_CHECK(a.dtype() == b.dtype(), "matmul", "dtype mismatch");
   STARLING_OP_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul", "operands must be at least 2-D");
   const int64_t k = a.shape().back();
-  STARLING_OP_CHECK(b.shape()[b.dim() - 2] == k, "matmul",
-                    "inner dimensions differ: " + shape_str(a.shape()) + " x " + shape_str(b.shape()));
+  STARLING_OP_CHECK(
+      b.shape()[b.dim() - 2] == k, "matmul",
+      "inner dimensions differ: " + shape_str(a.shape()) + " x " + shape_str(b.shape()));
   if (b.dim() == 2) {
     const Tensor a2 = a.dim() == 2 ? a : flatten_rows(a);
     const int64_t n = b.shape()[1];
     Shape out_shape(a.shape().begin(), a.shape().end() - 1);
     out_shape.push_back(n);
     Tensor out = Tensor::uninitialized({a2.shape()[0], n}, a.dtype());
-    dispatch_float(a.dtype(), "matmul", [&]<typename T>() { mm2d<T>(a2, false, b, false, out, T(0)); });
+    dispatch_float(a.dtype(), "matmul",
+                   [&]<typename T>() { mm2d<T>(a2, false, b, false, out, T(0)); });
     out = out.view(out_shape);
     if (!autograd::needs_grad({&a, &b})) return out;
     const Tensor da = a2.detach(), db = b.detach();
@@ -90,8 +94,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
       Tensor ga = Tensor::uninitialized(da.shape(), da.dtype());
       Tensor gb = Tensor::uninitialized(db.shape(), db.dtype());
       dispatch_float(da.dtype(), "matmul", [&]<typename T>() {
-        mm2d<T>(g2, false, db, true, ga, T(0));   // (M,N) x (N,K)
-        mm2d<T>(da, true, g2, false, gb, T(0));   // (K,M) x (M,N)
+        mm2d<T>(g2, false, db, true, ga, T(0));  // (M,N) x (N,K)
+        mm2d<T>(da, true, g2, false, gb, T(0));  // (K,M) x (M,N)
       });
       return std::vector<Tensor>{ga.view(a_shape), gb};
     });
@@ -135,8 +139,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   STARLING_OP_CHECK(w.dim() == 2, "linear", "weight must be (out, in)");
-  STARLING_OP_CHECK(x.shape().back() == w.shape()[1], "linear",
-                    "input " + shape_str(x.shape()) + " does not match weight " + shape_str(w.shape()));
+  STARLING_OP_CHECK(
+      x.shape().back() == w.shape()[1], "linear",
+      "input " + shape_str(x.shape()) + " does not match weight " + shape_str(w.shape()));
   STARLING_OP_CHECK(x.dtype() == w.dtype(), "linear", "dtype mismatch");
   const Tensor x2 = flatten_rows(x);
   const int64_t rows = x2.shape()[0], out_f = w.shape()[0];
@@ -161,23 +166,23 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   const Shape x_shape = x.shape();
   const bool has_bias = bias.defined();
   const bool need_x = x.requires_grad();
-  return autograd::record(
-      out, "linear", {x, w, bias}, [dx, dw, x_shape, has_bias, need_x](const Tensor& g) {
-        const Tensor g2 = flatten_rows(g.contiguous());
-        std::vector<Tensor> r(3);
-        dispatch_float(dx.dtype(), "linear", [&]<typename T>() {
-          if (need_x) {
-            Tensor gx = Tensor::uninitialized(dx.shape(), dx.dtype());
-            mm2d<T>(g2, false, dw, false, gx, T(0));  // (R,out) x (out,in)
-            r[0] = gx.view(x_shape);
-          }
-          Tensor gw = Tensor::uninitialized(dw.shape(), dw.dtype());
-          mm2d<T>(g2, true, dx, false, gw, T(0));  // (out,R) x (R,in)
-          r[1] = gw;
-          if (has_bias) r[2] = sum(g2, 0, false);
-        });
-        return r;
-      });
+  return autograd::record(out, "linear", {x, w, bias},
+                          [dx, dw, x_shape, has_bias, need_x](const Tensor& g) {
+                            const Tensor g2 = flatten_rows(g.contiguous());
+                            std::vector<Tensor> r(3);
+                            dispatch_float(dx.dtype(), "linear", [&]<typename T>() {
+                              if (need_x) {
+                                Tensor gx = Tensor::uninitialized(dx.shape(), dx.dtype());
+                                mm2d<T>(g2, false, dw, false, gx, T(0));  // (R,out) x (out,in)
+                                r[0] = gx.view(x_shape);
+                              }
+                              Tensor gw = Tensor::uninitialized(dw.shape(), dw.dtype());
+                              mm2d<T>(g2, true, dx, false, gw, T(0));  // (out,R) x (R,in)
+                              r[1] = gw;
+                              if (has_bias) r[2] = sum(g2, 0, false);
+                            });
+                            return r;
+                          });
 }
 
 }  // namespace starling::ops

@@ -46,7 +46,8 @@ void Sgd::step(double lr) {
       const T* pg = grad.data<T>();
       T* pv = velocity_[i].data<T>();
       const int64_t n = p.numel();
-      const T mom = static_cast<T>(opt_.momentum), tlr = static_cast<T>(lr), twd = static_cast<T>(wd);
+      const T mom = static_cast<T>(opt_.momentum), tlr = static_cast<T>(lr),
+              twd = static_cast<T>(wd);
 #pragma omp parallel for simd if (n > (1 << 15))
       for (int64_t j = 0; j < n; ++j) {
         T d = pg[j] + twd * pp[j];
@@ -132,7 +133,8 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
 }
 
 double CosineSchedule::at(int64_t it) const {
-  if (it < warmup_iters) return lr * static_cast<double>(it + 1) / static_cast<double>(warmup_iters + 1);
+  if (it < warmup_iters)
+    return lr * static_cast<double>(it + 1) / static_cast<double>(warmup_iters + 1);
   if (it > decay_iters) return min_lr;
   const double ratio = static_cast<double>(it - warmup_iters) /
                        static_cast<double>(std::max<int64_t>(decay_iters - warmup_iters, 1));

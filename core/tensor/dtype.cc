@@ -8,41 +8,61 @@ namespace starling {
 size_t dtype_size(DType t) {
   switch (t) {
     case DType::kF64:
-    case DType::kI64: return 8;
+    case DType::kI64:
+      return 8;
     case DType::kF32:
-    case DType::kI32: return 4;
+    case DType::kI32:
+      return 4;
     case DType::kBF16:
-    case DType::kF16: return 2;
+    case DType::kF16:
+      return 2;
     case DType::kI8:
-    case DType::kU8: return 1;
+    case DType::kU8:
+      return 1;
   }
   return 0;
 }
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF64: return "f64";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kI8: return "i8";
-    case DType::kU8: return "u8";
+    case DType::kF32:
+      return "f32";
+    case DType::kF64:
+      return "f64";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kI8:
+      return "i8";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
 
 std::string_view dtype_safetensors_name(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF64: return "F64";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
-    case DType::kI8: return "I8";
-    case DType::kU8: return "U8";
+    case DType::kF32:
+      return "F32";
+    case DType::kF64:
+      return "F64";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
+    case DType::kI8:
+      return "I8";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
@@ -63,9 +83,9 @@ uint16_t float_to_f16(float f) {
   const uint32_t x = std::bit_cast<uint32_t>(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t abs = x & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (abs < 0x38800000u) {  // subnormal half (or zero)
+  if (abs < 0x38800000u) {                                               // subnormal half (or zero)
     // value = abs as float; half subnormal unit is 2^-24.
     const float v = std::bit_cast<float>(abs);
     const float scaled = v * 16777216.0f;  // 2^24

@@ -36,30 +36,52 @@ int64_t wrap_dim(int64_t d, int64_t ndim) {
 
 double load_as_double(const void* base, DType t, int64_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kF64: return static_cast<const double*>(base)[i];
-    case DType::kBF16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF16: return f16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kI32: return static_cast<const int32_t*>(base)[i];
-    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(base)[i]);
-    case DType::kI8: return static_cast<const int8_t*>(base)[i];
-    case DType::kU8: return static_cast<const uint8_t*>(base)[i];
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kF64:
+      return static_cast<const double*>(base)[i];
+    case DType::kBF16:
+      return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF16:
+      return f16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kI32:
+      return static_cast<const int32_t*>(base)[i];
+    case DType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(base)[i]);
+    case DType::kI8:
+      return static_cast<const int8_t*>(base)[i];
+    case DType::kU8:
+      return static_cast<const uint8_t*>(base)[i];
   }
   return 0.0;
 }
 
 void store_double(void* base, DType t, int64_t i, double v) {
   switch (t) {
-    case DType::kF32: static_cast<float*>(base)[i] = static_cast<float>(v); return;
-    case DType::kF64: static_cast<double*>(base)[i] = v; return;
+    case DType::kF32:
+      static_cast<float*>(base)[i] = static_cast<float>(v);
+      return;
+    case DType::kF64:
+      static_cast<double*>(base)[i] = v;
+      return;
     case DType::kBF16:
       static_cast<uint16_t*>(base)[i] = float_to_bf16(static_cast<float>(v));
       return;
-    case DType::kF16: static_cast<uint16_t*>(base)[i] = float_to_f16(static_cast<float>(v)); return;
-    case DType::kI32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); return;
-    case DType::kI64: static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v); return;
-    case DType::kI8: static_cast<int8_t*>(base)[i] = static_cast<int8_t>(v); return;
-    case DType::kU8: static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v); return;
+    case DType::kF16:
+      static_cast<uint16_t*>(base)[i] = float_to_f16(static_cast<float>(v));
+      return;
+    case DType::kI32:
+      static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v);
+      return;
+    case DType::kI64:
+      static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v);
+      return;
+    case DType::kI8:
+      static_cast<int8_t*>(base)[i] = static_cast<int8_t>(v);
+      return;
+    case DType::kU8:
+      static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v);
+      return;
   }
 }
 
@@ -132,9 +154,11 @@ Storage::Storage(size_t nbytes, bool zero) : nbytes_(nbytes) {
 Storage::~Storage() { std::free(data_); }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
-  for (int64_t d : shape) STARLING_TCHECK(d >= 0, "negative dimension in shape " + shape_str(shape));
+  for (int64_t d : shape)
+    STARLING_TCHECK(d >= 0, "negative dimension in shape " + shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
+  impl->storage =
+      std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
@@ -142,7 +166,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
 }
 
 Tensor Tensor::uninitialized(const Shape& shape, DType dtype) {
-  for (int64_t d : shape) STARLING_TCHECK(d >= 0, "negative dimension in shape " + shape_str(shape));
+  for (int64_t d : shape)
+    STARLING_TCHECK(d >= 0, "negative dimension in shape " + shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage =
       std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), false);
@@ -172,24 +197,27 @@ Tensor Tensor::arange(int64_t n, DType dtype) {
 }
 
 Tensor Tensor::from_vector(const std::vector<float>& v, const Shape& shape) {
-  STARLING_TCHECK(static_cast<int64_t>(v.size()) == shape_numel(shape),
-                  "from_vector: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
+  STARLING_TCHECK(
+      static_cast<int64_t>(v.size()) == shape_numel(shape),
+      "from_vector: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
   Tensor t = empty(shape, DType::kF32);
   std::memcpy(t.raw_data(), v.data(), v.size() * sizeof(float));
   return t;
 }
 
 Tensor Tensor::from_vector(const std::vector<double>& v, const Shape& shape) {
-  STARLING_TCHECK(static_cast<int64_t>(v.size()) == shape_numel(shape),
-                  "from_vector: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
+  STARLING_TCHECK(
+      static_cast<int64_t>(v.size()) == shape_numel(shape),
+      "from_vector: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
   Tensor t = empty(shape, DType::kF64);
   std::memcpy(t.raw_data(), v.data(), v.size() * sizeof(double));
   return t;
 }
 
 Tensor Tensor::from_vector(const std::vector<int32_t>& v, const Shape& shape) {
-  STARLING_TCHECK(static_cast<int64_t>(v.size()) == shape_numel(shape),
-                  "from_vector: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
+  STARLING_TCHECK(
+      static_cast<int64_t>(v.size()) == shape_numel(shape),
+      "from_vector: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
   Tensor t = empty(shape, DType::kI32);
   std::memcpy(t.raw_data(), v.data(), v.size() * sizeof(int32_t));
   return t;
@@ -380,8 +408,8 @@ Tensor Tensor::to(DType t) const {
 }
 
 void Tensor::copy_from(const Tensor& src) {
-  STARLING_TCHECK(src.shape() == shape(), "copy_from(): shape " + shape_str(src.shape()) +
-                                              " into " + shape_str(shape()));
+  STARLING_TCHECK(src.shape() == shape(),
+                  "copy_from(): shape " + shape_str(src.shape()) + " into " + shape_str(shape()));
   const int64_t n = numel();
   if (n == 0) return;
   if (src.dtype() == dtype() && src.is_contiguous() && is_contiguous()) {
@@ -394,16 +422,20 @@ void Tensor::copy_from(const Tensor& src) {
       const char* sbase = static_cast<const char*>(src.impl_->storage->data());
       char* d = static_cast<char*>(raw_data());
       if (es == 4) {
-        for_each_offset(src, [&](int64_t off, int64_t i) { std::memcpy(d + i * 4, sbase + off * 4, 4); });
+        for_each_offset(
+            src, [&](int64_t off, int64_t i) { std::memcpy(d + i * 4, sbase + off * 4, 4); });
       } else {
-        for_each_offset(src, [&](int64_t off, int64_t i) { std::memcpy(d + i * es, sbase + off * es, es); });
+        for_each_offset(
+            src, [&](int64_t off, int64_t i) { std::memcpy(d + i * es, sbase + off * es, es); });
       }
       return;
     }
     const void* sbase = src.impl_->storage->data();
     void* d = raw_data();
     const DType st = src.dtype(), dt = dtype();
-    for_each_offset(src, [&](int64_t off, int64_t i) { store_double(d, dt, i, load_as_double(sbase, st, off)); });
+    for_each_offset(src, [&](int64_t off, int64_t i) {
+      store_double(d, dt, i, load_as_double(sbase, st, off));
+    });
     return;
   }
   // Non-contiguous destination: go through a contiguous copy of the source.
@@ -411,7 +443,9 @@ void Tensor::copy_from(const Tensor& src) {
   const void* sp = s.raw_data();
   void* dbase = impl_->storage->data();
   const DType dt = dtype();
-  for_each_offset(*this, [&](int64_t off, int64_t i) { store_double(dbase, dt, off, load_as_double(sp, dt, i)); });
+  for_each_offset(*this, [&](int64_t off, int64_t i) {
+    store_double(dbase, dt, off, load_as_double(sp, dt, i));
+  });
 }
 
 void Tensor::fill(double value) {
@@ -450,8 +484,8 @@ std::string Tensor::to_string(int64_t max_elems) const {
 }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
-  STARLING_TCHECK(a.shape() == b.shape(), "max_abs_diff(): shape " + shape_str(a.shape()) + " vs " +
-                                              shape_str(b.shape()));
+  STARLING_TCHECK(a.shape() == b.shape(),
+                  "max_abs_diff(): shape " + shape_str(a.shape()) + " vs " + shape_str(b.shape()));
   const auto va = a.to_double_vector();
   const auto vb = b.to_double_vector();
   double m = 0.0;

@@ -53,7 +53,7 @@ class Storage {
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
   Shape shape;
-  Strides strides;  // in elements
+  Strides strides;     // in elements
   int64_t offset = 0;  // in elements
   DType dtype = DType::kF32;
   Device device;
@@ -117,7 +117,7 @@ class Tensor {
   double item() const;  // REQUIRES: numel() == 1
 
   // Views without copies (share storage). A view aliases its base.
-  Tensor view(const Shape& shape) const;  // REQUIRES: contiguous; one dim may be -1
+  Tensor view(const Shape& shape) const;     // REQUIRES: contiguous; one dim may be -1
   Tensor reshape(const Shape& shape) const;  // view when contiguous, else a copy
   Tensor transpose(int64_t d0, int64_t d1) const;
   Tensor permute(const std::vector<int64_t>& dims) const;
@@ -126,8 +126,8 @@ class Tensor {
   Tensor unsqueeze(int64_t dim) const;
   Tensor squeeze(int64_t dim) const;
 
-  Tensor contiguous() const;  // this if already contiguous
-  Tensor clone() const;       // always a fresh contiguous copy, no autograd history
+  Tensor contiguous() const;     // this if already contiguous
+  Tensor clone() const;          // always a fresh contiguous copy, no autograd history
   Tensor to(DType dtype) const;  // converted copy (this if same dtype)
   // Copies values from src (same shape; any dtypes) into this tensor's elements.
   void copy_from(const Tensor& src);

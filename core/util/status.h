@@ -16,11 +16,11 @@ enum class StatusCode {
   kNotFound,
   kAlreadyExists,
   kOutOfRange,
-  kDataLoss,        // corrupt file or frame
+  kDataLoss,  // corrupt file or frame
   kFailedPrecondition,
   kUnimplemented,
   kInternal,
-  kUnavailable,     // peer or resource gone; retry may help
+  kUnavailable,  // peer or resource gone; retry may help
   kDeadlineExceeded,
   kPermissionDenied,
   kUnauthenticated,
@@ -52,7 +52,9 @@ class [[nodiscard]] Status {
 };
 
 inline Status ok_status() { return {}; }
-inline Status invalid_argument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status invalid_argument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status not_found(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status out_of_range(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
 inline Status data_loss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
@@ -79,7 +81,7 @@ inline Status resource_exhausted(std::string m) {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!std::get<Status>(v_).ok() && "Result constructed from an OK status");
   }
@@ -121,24 +123,26 @@ Status to_status(const Result<T>& r) {
 #define STARLING_CONCAT(a, b) STARLING_CONCAT_INNER(a, b)
 
 // RETURN_IF_ERROR(expr) or RETURN_IF_ERROR(expr, "context"): returns the error, with context.
-#define RETURN_IF_ERROR(...) STARLING_RIE_PICK(__VA_ARGS__, STARLING_RIE2, STARLING_RIE1)(__VA_ARGS__)
+#define RETURN_IF_ERROR(...) \
+  STARLING_RIE_PICK(__VA_ARGS__, STARLING_RIE2, STARLING_RIE1)(__VA_ARGS__)
 #define STARLING_RIE_PICK(_1, _2, NAME, ...) NAME
-#define STARLING_RIE1(expr)                                                       \
-  do {                                                                            \
-    ::starling::Status starling_rie_s = ::starling::internal::to_status(expr);   \
-    if (!starling_rie_s.ok()) return starling_rie_s;                              \
+#define STARLING_RIE1(expr)                                                    \
+  do {                                                                         \
+    ::starling::Status starling_rie_s = ::starling::internal::to_status(expr); \
+    if (!starling_rie_s.ok()) return starling_rie_s;                           \
   } while (0)
-#define STARLING_RIE2(expr, ctx)                                                  \
-  do {                                                                            \
-    ::starling::Status starling_rie_s = ::starling::internal::to_status(expr);   \
-    if (!starling_rie_s.ok()) return starling_rie_s.with_context(ctx);            \
+#define STARLING_RIE2(expr, ctx)                                               \
+  do {                                                                         \
+    ::starling::Status starling_rie_s = ::starling::internal::to_status(expr); \
+    if (!starling_rie_s.ok()) return starling_rie_s.with_context(ctx);         \
   } while (0)
 
 // ASSIGN_OR_RETURN(lhs, expr) or ASSIGN_OR_RETURN(lhs, expr, "context").
 #define ASSIGN_OR_RETURN(...) \
   STARLING_AOR_PICK(__VA_ARGS__, STARLING_AOR3, STARLING_AOR2)(__VA_ARGS__)
 #define STARLING_AOR_PICK(_1, _2, _3, NAME, ...) NAME
-#define STARLING_AOR2(lhs, expr) STARLING_AOR_IMPL(STARLING_CONCAT(starling_aor_, __LINE__), lhs, expr, )
+#define STARLING_AOR2(lhs, expr) \
+  STARLING_AOR_IMPL(STARLING_CONCAT(starling_aor_, __LINE__), lhs, expr, )
 #define STARLING_AOR3(lhs, expr, ctx) \
   STARLING_AOR_IMPL(STARLING_CONCAT(starling_aor_, __LINE__), lhs, expr, .with_context(ctx))
 #define STARLING_AOR_IMPL(tmp, lhs, expr, ctx_call) \

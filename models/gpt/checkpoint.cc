@@ -71,8 +71,7 @@ Result<LoadedGpt> load_gpt_checkpoint(const std::filesystem::path& path,
   auto get = [&](const std::string& key) -> Result<std::string> {
     auto it = file.metadata.find(key);
     if (it == file.metadata.end()) {
-      return data_loss(where + ": metadata has no '" + key +
-                       "' (not a starling GPT checkpoint?)");
+      return data_loss(where + ": metadata has no '" + key + "' (not a starling GPT checkpoint?)");
     }
     return it->second;
   };
@@ -87,7 +86,8 @@ Result<LoadedGpt> load_gpt_checkpoint(const std::filesystem::path& path,
   if (tok == "char") {
     ASSIGN_OR_RETURN(std::string hex, get("tokenizer.vocab"));
     auto vocab = from_hex(hex);
-    if (!vocab.ok()) return data_loss(where + ": metadata 'tokenizer.vocab': " + vocab.status().message());
+    if (!vocab.ok())
+      return data_loss(where + ": metadata 'tokenizer.vocab': " + vocab.status().message());
     ASSIGN_OR_RETURN(auto ct, data::CharTokenizer::from_vocab(*vocab), where);
     out.tokenizer = std::make_unique<data::CharTokenizer>(std::move(ct));
   } else {

@@ -48,7 +48,8 @@ GptTrunk::GptTrunk(const GptConfig& c, Rng& init, Rng& dropout_rng) {
   wpe = register_module("wpe", std::make_shared<nn::Embedding>(c.block_size, c.n_embd, init));
   h = register_module("h", std::make_shared<BlockList>());
   const nn::TransformerShape s{c.n_embd, c.n_head, c.n_layer, c.dropout, c.bias, c.causal};
-  for (int64_t i = 0; i < c.n_layer; ++i) h->push_back(std::make_shared<nn::Block>(s, init, dropout_rng));
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    h->push_back(std::make_shared<nn::Block>(s, init, dropout_rng));
   ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(c.n_embd, c.bias));
 }
 
@@ -96,7 +97,8 @@ std::vector<int32_t> Gpt::generate(std::vector<int32_t> tokens, int64_t max_new,
     }
     if (top_k > 0 && top_k < v) {
       std::vector<double> sorted(probs);
-      std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<>());
+      std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(),
+                       std::greater<>());
       const double kth = sorted[top_k - 1];
       for (auto& p : probs) {
         if (p < kth) p = -std::numeric_limits<double>::infinity();

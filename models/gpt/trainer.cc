@@ -89,7 +89,8 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& conf
   std::unique_ptr<optim::Optimizer> opt;
   auto groups = optim::decay_matrices_only(model.parameters());
   if (tc.optimizer() == v1::TrainConfig::SGD) {
-    opt = std::make_unique<optim::Sgd>(groups, optim::SgdOptions{tc.momentum(), tc.weight_decay(), false});
+    opt = std::make_unique<optim::Sgd>(groups,
+                                       optim::SgdOptions{tc.momentum(), tc.weight_decay(), false});
   } else {
     opt = std::make_unique<optim::AdamW>(
         groups, optim::AdamWOptions{tc.beta1(), tc.beta2(), 1e-8, tc.weight_decay()});
@@ -101,7 +102,9 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& conf
   const std::filesystem::path out_dir = tc.out_dir();
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
-  if (ec) return invalid_argument(config_source + ": train.out_dir '" + out_dir.string() + "': " + ec.message());
+  if (ec)
+    return invalid_argument(config_source + ": train.out_dir '" + out_dir.string() +
+                            "': " + ec.message());
   {
     std::ofstream f(out_dir / "config.toml");
     f << config::to_toml(cfg);
@@ -117,13 +120,15 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& conf
   sum.best_val_loss = 1e30;
   sum.checkpoint = out_dir / "ckpt.safetensors";
   const auto t0 = Clock::now();
-  auto last_log = t0;
-  int64_t tokens_since_log = 0;
+  // Throughput counts training steps only (evaluation and checkpointing excluded).
+  int64_t window_tokens = 0;
+  double window_seconds = 0.0;
   double train_seconds = 0.0;
 
   for (int64_t it = 0; it <= max_iters; ++it) {
     const double lr = tc.decay_lr() ? sched.at(it) : tc.learning_rate();
-    const bool eval_now = (tc.eval_interval() > 0 && it % tc.eval_interval() == 0) || it == max_iters;
+    const bool eval_now =
+        (tc.eval_interval() > 0 && it % tc.eval_interval() == 0) || it == max_iters;
     if (eval_now) {
       ASSIGN_OR_RETURN(auto losses, estimate_loss(model, ds, cfg, eval_rng));
       sum.train_loss = losses.first;
@@ -135,10 +140,10 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& conf
       const GptCheckpointInfo info{it, losses.first, losses.second};
       if (it > 0 && losses.second < sum.best_val_loss) {
         sum.best_val_loss = losses.second;
-        RETURN_IF_ERROR(save_gpt_checkpoint(out_dir / "best.safetensors", model, cfg, *tokenizer, info));
+        RETURN_IF_ERROR(
+            save_gpt_checkpoint(out_dir / "best.safetensors", model, cfg, *tokenizer, info));
       }
       RETURN_IF_ERROR(save_gpt_checkpoint(sum.checkpoint, model, cfg, *tokenizer, info));
-      last_log = Clock::now();  // evaluation time is not training throughput
     }
     if (it == max_iters) break;
 
@@ -154,29 +159,33 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& conf
     const double gnorm = optim::clip_grad_norm(model.parameters(), tc.grad_clip());
     opt->step(lr);
     opt->zero_grad();
-    train_seconds += std::chrono::duration<double>(Clock::now() - s0).count();
-    tokens_since_log += b * t;
+    const double step_seconds = std::chrono::duration<double>(Clock::now() - s0).count();
+    train_seconds += step_seconds;
+    window_seconds += step_seconds;
+    window_tokens += b * t;
     sum.iters = it + 1;
 
     if (tc.log_interval() > 0 && (it % tc.log_interval() == 0 || it + 1 == max_iters)) {
-      const auto now = Clock::now();
-      const double dt = std::chrono::duration<double>(now - last_log).count();
-      const double tps = dt > 0 ? static_cast<double>(tokens_since_log) / dt : 0.0;
+      const double tps =
+          window_seconds > 0 ? static_cast<double>(window_tokens) / window_seconds : 0.0;
       const double per_iter = train_seconds / static_cast<double>(it + 1);
-      spdlog::info("step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}",
-                   it, max_iters, loss_v, lr, gnorm, tps,
-                   format_eta(per_iter * static_cast<double>(max_iters - it - 1)));
-      metrics << "{\"event\":\"train\",\"iter\":" << it << ",\"loss\":" << loss_v << ",\"lr\":" << lr
-              << ",\"grad_norm\":" << gnorm << ",\"tokens_per_s\":" << tps << "}\n";
-      last_log = now;
-      tokens_since_log = 0;
+      spdlog::info(
+          "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}", it,
+          max_iters, loss_v, lr, gnorm, tps,
+          format_eta(per_iter * static_cast<double>(max_iters - it - 1)));
+      metrics << "{\"event\":\"train\",\"iter\":" << it << ",\"loss\":" << loss_v
+              << ",\"lr\":" << lr << ",\"grad_norm\":" << gnorm << ",\"tokens_per_s\":" << tps
+              << "}\n";
+      window_seconds = 0.0;
+      window_tokens = 0;
     }
   }
   sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   sum.tokens_per_second =
       train_seconds > 0 ? static_cast<double>(sum.iters * b * t) / train_seconds : 0.0;
   spdlog::info("done: {} steps in {:.1f} s ({:.0f} tok/s training), val loss {:.4f}, checkpoint {}",
-               sum.iters, sum.seconds, sum.tokens_per_second, sum.val_loss, sum.checkpoint.string());
+               sum.iters, sum.seconds, sum.tokens_per_second, sum.val_loss,
+               sum.checkpoint.string());
   return sum;
 }
 

@@ -7,8 +7,8 @@
 #include <functional>
 #include <string>
 
-#include "core/wire/config.pb.h"
 #include "core/util/status.h"
+#include "core/wire/config.pb.h"
 
 namespace starling::models {
 

@@ -19,7 +19,8 @@ struct Run {
 };
 
 Run run(const std::string& args) {
-  const std::string cmd = std::string(STARLING_BINARY_DIR) + "/apps/starling --log-level warn " + args + " 2>&1";
+  const std::string cmd =
+      std::string(STARLING_BINARY_DIR) + "/apps/starling --log-level warn " + args + " 2>&1";
   Run r;
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
@@ -32,7 +33,8 @@ Run run(const std::string& args) {
 }
 
 fs::path temp_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("starling_cli_" + name + "_" + std::to_string(getpid()));
+  const fs::path d =
+      fs::temp_directory_path() / ("starling_cli_" + name + "_" + std::to_string(getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -50,11 +52,15 @@ TEST_CASE("cli: train a tiny GPT on a text file, then sample from it", "[apps]")
   std::string corpus;
   for (int i = 0; i < 200; ++i) corpus += "to be or not to be, that is the question.\n";
   write(d / "corpus.txt", corpus);
-  write(d / "tiny.toml", "[model]\nblock_size = 16\nn_layer = 1\nn_head = 2\nn_embd = 16\n"
-                         "[data]\npath = \"" + (d / "corpus.txt").string() + "\"\n"
-                         "[train]\nbatch_size = 4\nmax_iters = 6\nwarmup_iters = 2\nlr_decay_iters = 6\n"
-                         "eval_interval = 3\neval_iters = 2\nlog_interval = 2\nthreads = 1\n"
-                         "out_dir = \"" + (d / "out").string() + "\"\n");
+  write(d / "tiny.toml",
+        "[model]\nblock_size = 16\nn_layer = 1\nn_head = 2\nn_embd = 16\n"
+        "[data]\npath = \"" +
+            (d / "corpus.txt").string() +
+            "\"\n"
+            "[train]\nbatch_size = 4\nmax_iters = 6\nwarmup_iters = 2\nlr_decay_iters = 6\n"
+            "eval_interval = 3\neval_iters = 2\nlog_interval = 2\nthreads = 1\n"
+            "out_dir = \"" +
+            (d / "out").string() + "\"\n");
   Run t = run("train -c " + (d / "tiny.toml").string());
   INFO(t.out);
   REQUIRE(t.rc == 0);
@@ -63,7 +69,8 @@ TEST_CASE("cli: train a tiny GPT on a text file, then sample from it", "[apps]")
   REQUIRE(fs::exists(d / "out" / "metrics.jsonl"));
   REQUIRE(fs::exists(d / "out" / "config.toml"));
 
-  Run s = run("sample " + (d / "out" / "ckpt.safetensors").string() + " -n 40 --prompt to --seed 3");
+  Run s =
+      run("sample " + (d / "out" / "ckpt.safetensors").string() + " -n 40 --prompt to --seed 3");
   INFO(s.out);
   REQUIRE(s.rc == 0);
   REQUIRE(s.out.rfind("to", 0) == 0);
@@ -107,7 +114,8 @@ TEST_CASE("cli: bad configs and checkpoints give one clear error and a non-zero 
     REQUIRE_THAT(r.out, Catch::Contains("bad.safetensors"));
   }
   SECTION("bad --set override") {
-    Run r = run("train -c " + std::string(STARLING_SOURCE_DIR) + "/configs/gpt_char_cpu.toml --set model.n_layers=3");
+    Run r = run("train -c " + std::string(STARLING_SOURCE_DIR) +
+                "/configs/gpt_char_cpu.toml --set model.n_layers=3");
     REQUIRE(r.rc != 0);
     REQUIRE_THAT(r.out, Catch::Contains("model.n_layers"));
   }
@@ -122,8 +130,8 @@ TEST_CASE("cli: certs init-ca, issue and show", "[apps]") {
   struct stat st {};
   REQUIRE(stat((d / "ca" / "ca.key").c_str(), &st) == 0);
   REQUIRE((st.st_mode & 0777) == 0600);
-  Run issue = run("certs issue --ca " + (d / "ca").string() + " --name client-7 --role client --out " +
-                  (d / "client").string());
+  Run issue = run("certs issue --ca " + (d / "ca").string() +
+                  " --name client-7 --role client --out " + (d / "client").string());
   INFO(issue.out);
   REQUIRE(issue.rc == 0);
   fs::path crt;

@@ -67,7 +67,8 @@ TEST_CASE("a tiny gpt overfits one batch", "[models][gpt]") {
   for (auto& v : x) v = static_cast<int32_t>(rng.below(11));
   for (auto& v : y) v = static_cast<int32_t>(rng.below(11));
   Tensor tx = ids(x, 2, 8), ty = ids(y, 2, 8);
-  starling::optim::AdamW opt(starling::optim::decay_matrices_only(m.parameters()), {0.9, 0.99, 1e-8, 0.0});
+  starling::optim::AdamW opt(starling::optim::decay_matrices_only(m.parameters()),
+                             {0.9, 0.99, 1e-8, 0.0});
   const double first = m.loss(tx, ty).item();
   REQUIRE(first == Approx(std::log(11.0)).margin(0.2));
   double last = first;
@@ -94,7 +95,8 @@ TEST_CASE("safetensors round trip gives identical logits", "[models][gpt]") {
   REQUIRE(starling::max_abs_diff(a.forward(in), b.forward(in)) == 0.0);
 }
 
-TEST_CASE("gpt checkpoint keeps config and tokenizer; bad state dicts are rejected", "[models][gpt]") {
+TEST_CASE("gpt checkpoint keeps config and tokenizer; bad state dicts are rejected",
+          "[models][gpt]") {
   starling::v1::RunConfig cfg;
   cfg.mutable_model()->set_block_size(8);
   cfg.mutable_model()->set_n_layer(2);

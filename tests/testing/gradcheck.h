@@ -21,8 +21,7 @@ struct GradCheckResult {
 // f maps f64 inputs to a tensor; the scalar checked is sum(f(inputs) * w) for a fixed random w,
 // so every output element contributes with a different weight.
 inline GradCheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
-                                 std::vector<Tensor> inputs, uint64_t seed = 1,
-                                 double eps = 1e-6) {
+                                 std::vector<Tensor> inputs, uint64_t seed = 1, double eps = 1e-6) {
   Rng rng(seed);
   for (auto& in : inputs) {
     if (dtype_is_float(in.dtype())) in.set_requires_grad(true);
@@ -59,8 +58,8 @@ inline GradCheckResult gradcheck(const std::function<Tensor(const std::vector<Te
       const double abs_err = std::fabs(num - ga[i]);
       const double rel = abs_err / std::max(1.0, std::fabs(num));
       if (rel > res.max_rel_error || std::isnan(rel)) {
-        res.worst = "input " + std::to_string(t) + " element " + std::to_string(i) +
-                    ": analytic " + std::to_string(ga[i]) + " numeric " + std::to_string(num);
+        res.worst = "input " + std::to_string(t) + " element " + std::to_string(i) + ": analytic " +
+                    std::to_string(ga[i]) + " numeric " + std::to_string(num);
       }
       res.max_abs_error = std::max(res.max_abs_error, abs_err);
       res.max_rel_error = std::isnan(rel) ? rel : std::max(res.max_rel_error, rel);

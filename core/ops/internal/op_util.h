@@ -15,8 +15,8 @@ namespace starling::ops::internal {
   std::abort();
 }
 
-#define STARLING_OP_CHECK(cond, op, msg)          \
-  do {                                            \
+#define STARLING_OP_CHECK(cond, op, msg)                       \
+  do {                                                         \
     if (!(cond)) ::starling::ops::internal::op_fatal(op, msg); \
   } while (0)
 

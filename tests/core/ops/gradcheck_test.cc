@@ -1,8 +1,9 @@
 // Every differentiable op against central differences in float64.
+#include "tests/testing/gradcheck.h"
+
 #include <catch2/catch.hpp>
 
 #include "core/ops/ops.h"
-#include "tests/testing/gradcheck.h"
 
 using starling::DType;
 using starling::Tensor;
@@ -13,17 +14,17 @@ namespace ops = starling::ops;
 namespace {
 constexpr double kTol = 1e-6;
 
-#define CHECK_GRAD(expr_fn, ...)                                 \
-  do {                                                           \
-    auto r = gradcheck(expr_fn, {__VA_ARGS__});                  \
-    INFO(r.worst);                                               \
-    REQUIRE(r.max_rel_error < kTol);                             \
+#define CHECK_GRAD(expr_fn, ...)                \
+  do {                                          \
+    auto r = gradcheck(expr_fn, {__VA_ARGS__}); \
+    INFO(r.worst);                              \
+    REQUIRE(r.max_rel_error < kTol);            \
   } while (0)
 }  // namespace
 
 TEST_CASE("gradcheck: broadcasting arithmetic", "[ops][grad]") {
-  auto [sa, sb] = GENERATE(table<starling::Shape, starling::Shape>({
-      {{3, 4}, {3, 4}}, {{2, 3, 4}, {4}}, {{2, 1, 4}, {3, 1}}, {{5}, {}}}));
+  auto [sa, sb] = GENERATE(table<starling::Shape, starling::Shape>(
+      {{{3, 4}, {3, 4}}, {{2, 3, 4}, {4}}, {{2, 1, 4}, {3, 1}}, {{5}, {}}}));
   Tensor a = rand64(sa, 1), b = rand64(sb, 2);
   CHECK_GRAD([](const auto& x) { return ops::add(x[0], x[1]); }, a.clone(), b.clone());
   CHECK_GRAD([](const auto& x) { return ops::sub(x[0], x[1]); }, a.clone(), b.clone());
@@ -40,7 +41,8 @@ TEST_CASE("gradcheck: unary math", "[ops][grad]") {
   CHECK_GRAD([](const auto& x) { return ops::sqrt(x[0]); }, pos.clone());
   CHECK_GRAD([](const auto& x) { return ops::tanh(x[0]); }, a.clone());
   CHECK_GRAD([](const auto& x) { return ops::square(x[0]); }, a.clone());
-  CHECK_GRAD([](const auto& x) { return ops::mul_scalar(ops::add_scalar(x[0], 2.0), -3.0); }, a.clone());
+  CHECK_GRAD([](const auto& x) { return ops::mul_scalar(ops::add_scalar(x[0], 2.0), -3.0); },
+             a.clone());
 }
 
 TEST_CASE("gradcheck: views", "[ops][grad]") {
@@ -61,8 +63,10 @@ TEST_CASE("gradcheck: reductions", "[ops][grad]") {
 }
 
 TEST_CASE("gradcheck: matmul, batched matmul and linear", "[ops][grad]") {
-  CHECK_GRAD([](const auto& x) { return ops::matmul(x[0], x[1]); }, rand64({3, 5}, 1), rand64({5, 4}, 2));
-  CHECK_GRAD([](const auto& x) { return ops::matmul(x[0], x[1]); }, rand64({2, 3, 5}, 1), rand64({5, 4}, 2));
+  CHECK_GRAD([](const auto& x) { return ops::matmul(x[0], x[1]); }, rand64({3, 5}, 1),
+             rand64({5, 4}, 2));
+  CHECK_GRAD([](const auto& x) { return ops::matmul(x[0], x[1]); }, rand64({2, 3, 5}, 1),
+             rand64({5, 4}, 2));
   CHECK_GRAD([](const auto& x) { return ops::matmul(x[0], x[1]); }, rand64({2, 3, 5}, 1),
              rand64({2, 5, 4}, 2));
   // A transposed view goes to BLAS without a copy.
@@ -70,7 +74,8 @@ TEST_CASE("gradcheck: matmul, batched matmul and linear", "[ops][grad]") {
              rand64({3, 5}, 1), rand64({4, 5}, 2));
   CHECK_GRAD([](const auto& x) { return ops::linear(x[0], x[1], x[2]); }, rand64({2, 3, 5}, 1),
              rand64({4, 5}, 2), rand64({4}, 3));
-  CHECK_GRAD([](const auto& x) { return ops::linear(x[0], x[1]); }, rand64({7, 5}, 1), rand64({3, 5}, 2));
+  CHECK_GRAD([](const auto& x) { return ops::linear(x[0], x[1]); }, rand64({7, 5}, 1),
+             rand64({3, 5}, 2));
 }
 
 TEST_CASE("gradcheck: embedding", "[ops][grad]") {

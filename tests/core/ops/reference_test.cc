@@ -29,13 +29,15 @@ TEST_CASE("matmul matches a triple loop in f32 and f64", "[ops]") {
 TEST_CASE("softmax rows sum to one; cross entropy equals -log softmax", "[ops]") {
   Tensor x = rand64({3, 4}, 3, 3.0);
   auto p = ops::softmax(x).to_double_vector();
-  for (int r = 0; r < 3; ++r) REQUIRE(p[r * 4] + p[r * 4 + 1] + p[r * 4 + 2] + p[r * 4 + 3] == Approx(1.0));
+  for (int r = 0; r < 3; ++r)
+    REQUIRE(p[r * 4] + p[r * 4 + 1] + p[r * 4 + 2] + p[r * 4 + 3] == Approx(1.0));
   Tensor t = Tensor::from_vector(std::vector<int32_t>{1, 3, 0}, {3});
   auto ls = ops::log_softmax(x).to_double_vector();
   const double expected = -(ls[1] + ls[7] + ls[8]) / 3.0;
   REQUIRE(ops::cross_entropy(x, t).item() == Approx(expected).epsilon(1e-12));
   // Uniform logits over V classes give log(V).
-  REQUIRE(ops::cross_entropy(Tensor::zeros({2, 65}), Tensor::from_vector(std::vector<int32_t>{0, 64}, {2}))
+  REQUIRE(ops::cross_entropy(Tensor::zeros({2, 65}),
+                             Tensor::from_vector(std::vector<int32_t>{0, 64}, {2}))
               .item() == Approx(std::log(65.0)).epsilon(1e-6));
 }
 
@@ -115,7 +117,8 @@ TEST_CASE("fast float exp and erf stay within their documented error", "[ops]") 
   double max_exp_rel = 0, max_erf_abs = 0;
   for (float x = -87.0f; x < 88.0f; x += 0.0137f) {
     const double ref = std::exp(static_cast<double>(x));
-    max_exp_rel = std::max(max_exp_rel, std::fabs(starling::ops::internal::fast_expf(x) - ref) / ref);
+    max_exp_rel =
+        std::max(max_exp_rel, std::fabs(starling::ops::internal::fast_expf(x) - ref) / ref);
   }
   for (float x = -6.0f; x < 6.0f; x += 0.001f) {
     max_erf_abs = std::max(max_erf_abs, std::fabs(starling::ops::internal::fast_erff(x) -

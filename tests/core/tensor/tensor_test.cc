@@ -59,7 +59,8 @@ TEST_CASE("dtype conversions round trip", "[tensor]") {
     Tensor back = x.to(d).to(DType::kF32);
     const double tol = d == DType::kBF16 ? 1.0 / 128 : d == DType::kF16 ? 1.0 / 1024 : 0.0;
     auto a = x.to_float_vector(), b = back.to_float_vector();
-    for (size_t i = 0; i < a.size(); ++i) REQUIRE(std::fabs(a[i] - b[i]) <= tol * std::fabs(a[i]) + 1e-7);
+    for (size_t i = 0; i < a.size(); ++i)
+      REQUIRE(std::fabs(a[i] - b[i]) <= tol * std::fabs(a[i]) + 1e-7);
   }
   Tensor ints = Tensor::from_vector(std::vector<int32_t>{-3, 0, 7}, {3});
   REQUIRE(ints.to(DType::kI8).to_float_vector() == std::vector<float>{-3, 0, 7});
@@ -74,5 +75,6 @@ TEST_CASE("half precision special values", "[tensor]") {
   REQUIRE(std::isnan(f16_to_float(float_to_f16(std::numeric_limits<float>::quiet_NaN()))));
   REQUIRE(f16_to_float(float_to_f16(5.960464477539063e-08f)) == 5.960464477539063e-08f);
   REQUIRE(f16_to_float(float_to_f16(-0.0f)) == 0.0f);
-  REQUIRE(starling::bf16_to_float(starling::float_to_bf16(1.0f + 1.0f / 256)) == 1.0f);  // ties to even
+  REQUIRE(starling::bf16_to_float(starling::float_to_bf16(1.0f + 1.0f / 256)) ==
+          1.0f);  // ties to even
 }

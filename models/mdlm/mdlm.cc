@@ -1,0 +1,314 @@
+// MDLM / UDLM forward pass, corruption, NELBO and ancestral samplers.
+#include "models/mdlm/mdlm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+
+#include "core/ops/ops.h"
+#include "core/wire/config.pb.h"
+
+namespace starling::models {
+
+namespace {
+
+// Draws an index from unnormalized non-negative weights w (sum > 0) with one uniform.
+int32_t draw(const std::vector<double>& w, Rng& rng) {
+  double sum = 0.0;
+  for (double x : w) sum += x;
+  double r = rng.uniform() * sum;
+  const auto n = static_cast<int64_t>(w.size());
+  int32_t last_positive = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    if (w[j] <= 0.0) continue;
+    last_positive = static_cast<int32_t>(j);
+    r -= w[j];
+    if (r < 0) return last_positive;
+  }
+  return last_positive;  // rounding left r >= 0
+}
+
+// Softmax of row[0..n) / temperature into out.
+void softmax_row(const float* row, int64_t n, double temperature, std::vector<double>& out) {
+  out.resize(static_cast<size_t>(n));
+  const double inv = 1.0 / std::max(temperature, 1e-6);
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, static_cast<double>(row[j]) * inv);
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; ++j) {
+    out[j] = std::exp(static_cast<double>(row[j]) * inv - mx);
+    sum += out[j];
+  }
+  for (auto& p : out) p /= sum;
+}
+
+}  // namespace
+
+MdlmConfig MdlmConfig::from_proto(const v1::RunConfig& c, int64_t tokenizer_vocab) {
+  MdlmConfig m;
+  const auto& mc = c.model();
+  m.vocab_size = mc.vocab_size() > 0 ? mc.vocab_size() : tokenizer_vocab;
+  m.block_size = mc.block_size();
+  m.n_layer = mc.n_layer();
+  m.n_head = mc.n_head();
+  m.n_embd = mc.n_embd();
+  m.dropout = mc.dropout();
+  m.bias = mc.bias();
+  m.noise = c.diffusion().noise() == v1::DiffusionConfig::UNIFORM ? DiffusionNoise::kUniform
+                                                                  : DiffusionNoise::kAbsorbing;
+  m.eps = c.diffusion().eps();
+  return m;
+}
+
+Status MdlmConfig::validate() const {
+  RETURN_IF_ERROR(trunk_config().validate());
+  if (vocab_size < 2) return invalid_argument("model.vocab_size must be at least 2");
+  if (!(eps > 0.0 && eps < 1.0)) return invalid_argument("diffusion.eps must be in (0, 1)");
+  return ok_status();
+}
+
+GptConfig MdlmConfig::trunk_config() const {
+  GptConfig g;
+  g.vocab_size = vocab_size + (noise == DiffusionNoise::kAbsorbing ? 1 : 0);
+  g.block_size = block_size;
+  g.n_layer = n_layer;
+  g.n_head = n_head;
+  g.n_embd = n_embd;
+  g.dropout = dropout;
+  g.bias = bias;
+  g.causal = false;
+  return g;
+}
+
+Mdlm::Mdlm(const MdlmConfig& c, uint64_t seed) : config_(c), dropout_rng_(Rng(seed).fork(1)) {
+  Rng init(seed);
+  transformer = register_module("transformer",
+                                std::make_shared<GptTrunk>(c.trunk_config(), init, dropout_rng_));
+}
+
+Tensor Mdlm::trunk_forward(const Tensor& xt) const {
+  const int64_t t = xt.shape()[1];
+  Tensor pos = Tensor::uninitialized({t}, DType::kI32);
+  std::iota(pos.data<int32_t>(), pos.data<int32_t>() + t, 0);
+  Tensor x = ops::add(transformer->wte->forward(xt), transformer->wpe->forward(pos));
+  x = ops::dropout(x, config_.dropout, training(), const_cast<Rng&>(dropout_rng_));
+  for (const auto& block : transformer->h->blocks()) x = block->forward(x);
+  x = transformer->ln_f->forward(x);
+  return ops::linear(x, transformer->wte->weight);  // tied head
+}
+
+Tensor Mdlm::forward(const Tensor& xt) const {
+  Tensor raw = trunk_forward(xt);
+  if (config_.noise == DiffusionNoise::kUniform) return raw;
+  return ops::contiguous(ops::slice(raw, 2, 0, config_.vocab_size));
+}
+
+Tensor Mdlm::subs_logits(const Tensor& xt) const {
+  autograd::NoGradGuard ng;
+  const Tensor logits = forward(xt);
+  if (config_.noise == DiffusionNoise::kUniform) return logits;
+  const int64_t n = xt.numel(), v = config_.vocab_size;
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  Tensor out = Tensor::full({xt.shape()[0], xt.shape()[1], v + 1}, kNegInf);
+  const Tensor xc = xt.contiguous();
+  const int32_t* px = xc.data<int32_t>();
+  const float* pl = logits.data<float>();
+  float* po = out.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = po + i * (v + 1);
+    if (px[i] == mask_id()) {
+      std::copy(pl + i * v, pl + (i + 1) * v, row);
+    } else {
+      row[px[i]] = 0.0f;
+    }
+  }
+  return out;
+}
+
+std::vector<double> Mdlm::sample_times(int64_t batch, Rng& rng) const {
+  std::vector<double> t(static_cast<size_t>(batch));
+  for (int64_t i = 0; i < batch; ++i) {
+    const double u = (static_cast<double>(i) + rng.uniform()) / static_cast<double>(batch);
+    t[i] = config_.eps + (1.0 - config_.eps) * u;
+  }
+  return t;
+}
+
+NoisedBatch Mdlm::corrupt(const Tensor& x0, std::span<const double> t, Rng& rng) const {
+  const int64_t b = x0.shape()[0], len = x0.shape()[1];
+  NoisedBatch out{x0.clone(), std::vector<double>(t.begin(), t.end())};
+  int32_t* p = out.xt.data<int32_t>();
+  for (int64_t i = 0; i < b; ++i) {
+    const double move = 1.0 - config_.alpha(t[i]);
+    for (int64_t j = 0; j < len; ++j) {
+      if (rng.uniform() >= move) continue;
+      p[i * len + j] =
+          config_.noise == DiffusionNoise::kAbsorbing
+              ? mask_id()
+              : static_cast<int32_t>(rng.below(static_cast<uint64_t>(config_.vocab_size)));
+    }
+  }
+  return out;
+}
+
+Tensor Mdlm::loss(const Tensor& x0, Rng& rng) const {
+  const auto t = sample_times(x0.shape()[0], rng);
+  const NoisedBatch nb = corrupt(x0, t, rng);
+  return loss(x0, nb.t, nb.xt);
+}
+
+Tensor Mdlm::loss(const Tensor& x0, std::span<const double> t, const Tensor& xt) const {
+  const int64_t b = x0.shape()[0], len = x0.shape()[1], v = config_.vocab_size;
+  const double norm = 1.0 / static_cast<double>(b * len);
+  const Tensor x0c = x0.contiguous(), xtc = xt.contiguous();
+  const int32_t* px = x0c.data<int32_t>();
+  const int32_t* pz = xtc.data<int32_t>();
+  const Tensor logits = ops::reshape(forward(xt), {b * len, v});
+
+  if (config_.noise == DiffusionNoise::kAbsorbing) {
+    // Per sequence: (1/t) * (number masked) * mean CE over its masked positions.
+    std::vector<int32_t> targets(static_cast<size_t>(b * len), -100);
+    Tensor total = Tensor::zeros({}, logits.dtype());
+    for (int64_t i = 0; i < b; ++i) {
+      int64_t masked = 0;
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t k = i * len + j;
+        if (pz[k] == mask_id()) {
+          targets[k] = px[k];
+          ++masked;
+        }
+      }
+      if (masked == 0) continue;
+      const Tensor tg = Tensor::from_vector(targets, {b * len}).slice(0, i * len, (i + 1) * len);
+      const Tensor ce = ops::cross_entropy(ops::slice(logits, 0, i * len, (i + 1) * len), tg);
+      total = ops::add(total, ops::mul_scalar(ce, static_cast<double>(masked) / t[i] * norm));
+      std::fill(targets.begin() + i * len, targets.begin() + (i + 1) * len, -100);
+    }
+    return total;
+  }
+
+  // Uniform noise. Per position (x = x0, z = xt, N = V, xb_th = N alpha p + (1 - alpha)):
+  //   beta/xb_th[z] + sum_y W[y] log xb_th[y] + K,   beta = -alpha'/alpha,
+  //   W[y] = -(beta/N) c_y for y != z, W[z] = (beta/N) sum_{y != z} c_y,  c_y = xb[y]/xb[z],
+  //   K = (beta/N) [-N/xb[z] - sum_{y != z} c_y (log xb[z] - log xb[y])].
+  const double n = static_cast<double>(v);
+  std::vector<float> scale(static_cast<size_t>(b)), shift(static_cast<size_t>(b));
+  std::vector<float> onehot(static_cast<size_t>(b * len * v), 0.0f);
+  std::vector<float> w(static_cast<size_t>(b * len * v), 0.0f);
+  std::vector<float> beta_pos(static_cast<size_t>(b * len));
+  double k_total = 0.0;
+  for (int64_t i = 0; i < b; ++i) {
+    const double a = config_.alpha(t[i]);
+    const double beta = -config_.dalpha() / a;
+    scale[i] = static_cast<float>(n * a);
+    shift[i] = static_cast<float>(1.0 - a);
+    const double hi = n * a + (1.0 - a), lo = 1.0 - a;  // xb at x0, elsewhere
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t k = i * len + j;
+      const bool z_is_x = pz[k] == px[k];
+      const double xbz = z_is_x ? hi : lo;
+      // c_y over y != z: if z == x0 every other y has lo; else y == x0 has hi, the rest lo.
+      const double c_lo = lo / xbz, c_hi = hi / xbz;
+      const double csum = z_is_x ? (n - 1.0) * c_lo : c_hi + (n - 2.0) * c_lo;
+      float* wr = w.data() + k * v;
+      for (int64_t y = 0; y < v; ++y) {
+        if (y == pz[k]) continue;
+        const double c = y == px[k] ? c_hi : c_lo;
+        wr[y] = static_cast<float>(-beta / n * c);
+      }
+      wr[pz[k]] = static_cast<float>(beta / n * csum);
+      onehot[static_cast<size_t>(k * v + pz[k])] = 1.0f;
+      beta_pos[k] = static_cast<float>(beta);
+      double klog = 0.0;  // sum_{y != z} c_y (log xb[z] - log xb[y])
+      if (z_is_x) {
+        klog = (n - 1.0) * c_lo * (std::log(hi) - std::log(lo));
+      } else {
+        klog = c_hi * (std::log(lo) - std::log(hi));
+      }
+      k_total += beta / n * (-n / xbz - klog);
+    }
+  }
+  const Tensor probs = ops::reshape(ops::softmax(logits), {b, len, v});
+  const Tensor xb_th = ops::add(ops::mul(probs, Tensor::from_vector(scale, {b, 1, 1})),
+                                Tensor::from_vector(shift, {b, 1, 1}));
+  const Tensor oh = Tensor::from_vector(onehot, {b, len, v});
+  const Tensor xb_z = ops::sum(ops::mul(xb_th, oh), 2, false);  // (B, T)
+  const Tensor term1 = ops::sum(ops::div(Tensor::from_vector(beta_pos, {b, len}), xb_z));
+  const Tensor term2 = ops::sum(ops::mul(ops::log(xb_th), Tensor::from_vector(w, {b, len, v})));
+  return ops::mul_scalar(ops::add_scalar(ops::add(term1, term2), k_total), norm);
+}
+
+double udlm_integrand(int32_t x0, int32_t z, std::span<const double> probs, double alpha,
+                      double dalpha) {
+  const auto v = static_cast<int64_t>(probs.size());
+  const double n = static_cast<double>(v);
+  auto xb = [&](int64_t y) { return (y == x0 ? n * alpha : 0.0) + (1.0 - alpha); };
+  auto xbt = [&](int64_t y) { return n * alpha * probs[y] + (1.0 - alpha); };
+  double s = n / xbt(z) - n / xb(z);
+  for (int64_t y = 0; y < v; ++y) {
+    if (y == z) continue;
+    s -= xb(y) / xb(z) * std::log(xbt(y) * xb(z) / (xbt(z) * xb(y)));
+  }
+  return -dalpha / (n * alpha) * s;
+}
+
+std::vector<int32_t> Mdlm::sample(int64_t num, int64_t steps, double temperature, bool cached,
+                                  Rng& rng, SampleStats* stats) {
+  autograd::NoGradGuard ng;
+  const bool was_training = training();
+  train(false);
+  const int64_t len = config_.block_size, v = config_.vocab_size, total = num * len;
+  const bool absorbing = config_.noise == DiffusionNoise::kAbsorbing;
+  steps = std::max<int64_t>(steps, 1);
+  std::vector<int32_t> x(static_cast<size_t>(total), mask_id());
+  if (!absorbing) {
+    for (auto& tok : x) tok = static_cast<int32_t>(rng.below(static_cast<uint64_t>(v)));
+  }
+  SampleStats st;
+  Tensor logits;
+  bool changed = true;
+  std::vector<double> p, w(static_cast<size_t>(v));
+  for (int64_t k = 0; k < steps; ++k) {
+    const double t = 1.0 - static_cast<double>(k) / static_cast<double>(steps);
+    const double s = 1.0 - static_cast<double>(k + 1) / static_cast<double>(steps);
+    const double at = config_.alpha(t), as = config_.alpha(s);
+    if (!logits.defined() || changed || !cached) {
+      logits = forward(Tensor::from_vector(x, {num, len}));
+      ++st.network_calls;
+    } else {
+      ++st.cached_steps;
+    }
+    ++st.steps;
+    changed = false;
+    const float* pl = logits.data<float>();
+    for (int64_t i = 0; i < total; ++i) {
+      if (absorbing) {
+        // A masked token is revealed with probability (alpha_s - alpha_t) / (1 - alpha_t),
+        // to a token drawn from p(x0 | xt); revealed tokens stay.
+        if (x[i] != mask_id()) continue;
+        if (rng.uniform() >= (as - at) / (1.0 - at)) continue;
+        softmax_row(pl + i * v, v, temperature, p);
+        x[i] = draw(p, rng);
+        changed = true;
+      } else {
+        // q(z_s = y | z_t = z, x_theta) ∝ (a_ts [y == z] + (1 - a_ts)/N) (alpha_s p[y] + (1 -
+        // alpha_s)/N).
+        softmax_row(pl + i * v, v, temperature, p);
+        const double ats = at / as, n = static_cast<double>(v);
+        for (int64_t y = 0; y < v; ++y) {
+          w[y] = ((y == x[i] ? ats : 0.0) + (1.0 - ats) / n) * (as * p[y] + (1.0 - as) / n);
+        }
+        const int32_t y = draw(w, rng);
+        changed = changed || y != x[i];
+        x[i] = y;
+      }
+    }
+  }
+  train(was_training);
+  if (stats != nullptr) *stats = st;
+  return x;
+}
+
+}  // namespace starling::models

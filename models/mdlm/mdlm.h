@@ -1,0 +1,115 @@
+// Masked diffusion language model (MDLM, Sahoo et al. 2024) and its uniform-noise variant (UDLM,
+// Schiff et al. 2024): the GPT trunk with bidirectional attention, the continuous-time NELBO
+// under the log-linear schedule, and the ancestral sampler with its cached variant.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/util/rng.h"
+#include "core/util/status.h"
+#include "models/gpt/gpt.h"
+
+namespace starling::v1 {
+class RunConfig;
+}
+
+namespace starling::models {
+
+enum class DiffusionNoise : uint8_t {
+  kAbsorbing,  // tokens jump to [MASK] (id V); MDLM
+  kUniform,    // tokens jump to a uniformly random token in [0, V); UDLM
+};
+
+struct MdlmConfig {
+  int64_t vocab_size = 65;  // V: data tokens; the absorbing model adds [MASK] = V
+  int64_t block_size = 64;  // T
+  int64_t n_layer = 4;      // L
+  int64_t n_head = 4;       // H
+  int64_t n_embd = 128;     // C
+  double dropout = 0.0;
+  bool bias = false;
+  DiffusionNoise noise = DiffusionNoise::kAbsorbing;
+  double eps = 1e-3;  // alpha(t) = 1 - (1 - eps) t
+
+  // vocab_size from [model] unless 0, then `tokenizer_vocab`; noise and eps from [diffusion].
+  static MdlmConfig from_proto(const v1::RunConfig& c, int64_t tokenizer_vocab);
+  Status validate() const;
+  // The trunk's shape: bidirectional, V + 1 embeddings when absorbing, V when uniform.
+  GptConfig trunk_config() const;
+
+  double alpha(double t) const { return 1.0 - (1.0 - eps) * t; }
+  double dalpha() const { return -(1.0 - eps); }  // d alpha / dt
+};
+
+// A corrupted batch: x_t and the time of each sequence.
+struct NoisedBatch {
+  Tensor xt;              // (B, T) i32
+  std::vector<double> t;  // (B) in (0, 1)
+};
+
+struct SampleStats {
+  int64_t steps = 0;          // denoising steps taken
+  int64_t network_calls = 0;  // forward passes actually run
+  int64_t cached_steps = 0;   // steps that reused the previous output (nothing changed)
+};
+
+class Mdlm : public nn::Module {
+ public:
+  // Weights drawn from Rng(seed); dropout masks from a separate stream of the same seed.
+  Mdlm(const MdlmConfig& c, uint64_t seed);
+
+  const MdlmConfig& config() const { return config_; }
+  int32_t mask_id() const { return static_cast<int32_t>(config_.vocab_size); }
+
+  // xt: (B, T) i32 -> logits over the data tokens (B, T, V) (the [MASK] column of the tied head
+  // is dropped, which is SUBS's "[MASK] logit = -inf"). Differentiable.
+  Tensor forward(const Tensor& xt) const;
+  // The full SUBS output as in the paper, no history: (B, T, V + 1) for absorbing noise with
+  // column V = -inf, and at unmasked positions 0 for the input token and -inf elsewhere (the
+  // input is copied). For uniform noise the same as forward().
+  Tensor subs_logits(const Tensor& xt) const;
+
+  // Stratified ("low-discrepancy") times t_i = eps + (1 - eps) (i + u_i) / B, one per sequence.
+  std::vector<double> sample_times(int64_t batch, Rng& rng) const;
+  // Corrupts x0 (B, T) i32: each token independently with probability 1 - alpha(t_b) becomes
+  // [MASK] (absorbing) or a uniform token (uniform). REQUIRES: t.size() == B.
+  NoisedBatch corrupt(const Tensor& x0, std::span<const double> t, Rng& rng) const;
+
+  // NELBO per token (nats) of x0 given its corruption xt at times t, summed over every position
+  // and divided by B * T. Absorbing: (1/t_b) * -log p(x0 | xt) on masked positions only (the
+  // log-linear weight -alpha'/(1 - alpha) = 1/t). Uniform: the continuous-time UDLM integrand.
+  Tensor loss(const Tensor& x0, std::span<const double> t, const Tensor& xt) const;
+  // Samples times and corruption from `rng`, then loss(x0, t, xt).
+  Tensor loss(const Tensor& x0, Rng& rng) const;
+
+  // Ancestral sampling of `num` sequences of block_size tokens with `steps` steps from t = 1 to
+  // t = 0 (all-[MASK] start for absorbing, uniform tokens for uniform noise). With `cached`, a
+  // step where no token changed reuses the previous network output; the result is the same as
+  // uncached for the same rng. Returns (num, T) ids in [0, V), row-major. Eval mode, no grad.
+  std::vector<int32_t> sample(int64_t num, int64_t steps, double temperature, bool cached, Rng& rng,
+                              SampleStats* stats = nullptr);
+
+  // Loads a state dict (strict).
+  Status load(const io::StateDict& sd) { return load_state_dict(sd, true); }
+
+  std::shared_ptr<GptTrunk> transformer;
+
+ private:
+  Tensor trunk_forward(const Tensor& xt) const;  // (B, T, V_trunk)
+  MdlmConfig config_;
+  Rng dropout_rng_;
+};
+
+// The UDLM continuous-time NELBO integrand of one position, in float64, without autograd: the
+// reference the tensor implementation is tested against. x0, z in [0, N); probs: the model's
+// x_theta (N values summing to 1); alpha = alpha(t), dalpha = alpha'(t).
+//   (-alpha'/(N alpha)) [N/xb_th[z] - N/xb[z] - sum_{y != z} (xb[y]/xb[z])
+//                        log(xb_th[y] xb[z] / (xb_th[z] xb[y]))],
+// xb = N alpha onehot(x0) + (1 - alpha), xb_th = N alpha probs + (1 - alpha).
+double udlm_integrand(int32_t x0, int32_t z, std::span<const double> probs, double alpha,
+                      double dalpha);
+
+}  // namespace starling::models

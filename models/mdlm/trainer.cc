@@ -1,0 +1,268 @@
+// train_mdlm: train_gpt's loop with the diffusion objective and a deterministic NELBO evaluation.
+#include "models/mdlm/trainer.h"
+
+#include <omp.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+
+#include "core/autograd/autograd.h"
+#include "core/config/toml_config.h"
+#include "core/data/data_dir.h"
+#include "core/data/text_dataset.h"
+#include "core/data/text_file.h"
+#include "core/optim/optimizer.h"
+#include "models/gpt/checkpoint.h"
+#include "models/mdlm/checkpoint.h"
+
+namespace starling::models {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kLn2 = 0.69314718055994530942;
+constexpr uint64_t kEvalSeed = 0x5eed;  // fixed: evaluations of every run use the same t and masks
+
+std::string format_eta(double seconds) {
+  const auto s = static_cast<int64_t>(seconds);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%lld:%02lld", static_cast<long long>(s / 60),
+                static_cast<long long>(s % 60));
+  return buf;
+}
+
+}  // namespace
+
+double mdlm_eval_nelbo(Mdlm& model, std::span<const int32_t> tokens, int64_t num_seqs,
+                       int64_t batch, uint64_t seed) {
+  autograd::NoGradGuard ng;
+  const bool was_training = model.training();
+  model.train(false);
+  const MdlmConfig& c = model.config();
+  const int64_t len = c.block_size;
+  const auto n_tok = static_cast<int64_t>(tokens.size());
+  Rng rng(seed);
+  std::vector<int64_t> perm(static_cast<size_t>(num_seqs));
+  std::iota(perm.begin(), perm.end(), 0);
+  for (int64_t i = num_seqs - 1; i > 0; --i) {
+    std::swap(perm[i], perm[rng.below(static_cast<uint64_t>(i + 1))]);
+  }
+  double total = 0.0;
+  for (int64_t s0 = 0; s0 < num_seqs; s0 += batch) {
+    const int64_t b = std::min(batch, num_seqs - s0);
+    std::vector<int32_t> x(static_cast<size_t>(b * len));
+    std::vector<double> t(static_cast<size_t>(b));
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t k = s0 + i;
+      const int64_t start = num_seqs > 1 ? k * (n_tok - len) / (num_seqs - 1) : 0;
+      std::copy(tokens.begin() + start, tokens.begin() + start + len, x.begin() + i * len);
+      t[i] = c.eps +
+             (1.0 - c.eps) * (static_cast<double>(perm[k]) + 0.5) / static_cast<double>(num_seqs);
+    }
+    const Tensor x0 = Tensor::from_vector(x, {b, len});
+    const NoisedBatch nb = model.corrupt(x0, t, rng);
+    total += model.loss(x0, nb.t, nb.xt).item() * static_cast<double>(b);
+  }
+  model.train(was_training);
+  return total / static_cast<double>(num_seqs);
+}
+
+Result<TrainSummary> train_mdlm(const v1::RunConfig& cfg, const std::string& config_source) {
+  const auto& tc = cfg.train();
+  if (tc.threads() > 0) omp_set_num_threads(tc.threads());
+
+  // Data.
+  ASSIGN_OR_RETURN(auto data_dir, data::resolve_data_dir(cfg.data().data_dir()),
+                   config_source + ": data.data_dir");
+  std::filesystem::path text_path;
+  if (!cfg.data().path().empty()) {
+    text_path = cfg.data().path();
+  } else {
+    ASSIGN_OR_RETURN(text_path, data::resolve_dataset_file(data_dir, cfg.data().dataset()),
+                     config_source + ": data.dataset");
+  }
+  ASSIGN_OR_RETURN(std::string text, data::read_text_file(text_path), config_source + ": data");
+  ASSIGN_OR_RETURN(auto tokenizer, make_tokenizer(cfg.data(), text, data_dir));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->encode(text), text_path.string());
+  ASSIGN_OR_RETURN(data::TextDataset ds,
+                   data::TextDataset::from_tokens(std::move(ids), cfg.data().val_fraction()));
+  spdlog::info("data: {} ({} tokens: {} train, {} val), tokenizer {} (V={})", text_path.string(),
+               ds.train_size() + ds.val_size(), ds.train_size(), ds.val_size(), tokenizer->name(),
+               tokenizer->vocab_size());
+
+  // Model and optimizer.
+  const MdlmConfig mc = MdlmConfig::from_proto(cfg, tokenizer->vocab_size());
+  RETURN_IF_ERROR(mc.validate(), config_source);
+  if (mc.vocab_size < tokenizer->vocab_size()) {
+    return invalid_argument(config_source + ": model.vocab_size " + std::to_string(mc.vocab_size) +
+                            " is smaller than the tokenizer's " +
+                            std::to_string(tokenizer->vocab_size()));
+  }
+  if (cfg.model().causal()) {
+    spdlog::warn("{}: model.causal = true is ignored: the MDLM attends both ways", config_source);
+  }
+  const int64_t b = tc.batch_size(), t = mc.block_size;
+  if (ds.val_size() < t + 1 || ds.train_size() < t + 1) {
+    return failed_precondition(config_source + ": train and val need at least block_size + 1 (" +
+                               std::to_string(t + 1) + ") tokens each");
+  }
+  Mdlm model(mc, tc.seed());
+  spdlog::info(
+      "model: MDLM ({} noise, eps {}) L={} H={} C={} T={} V={}, {:.2f}M parameters, seed {}",
+      mc.noise == DiffusionNoise::kAbsorbing ? "absorbing" : "uniform", mc.eps, mc.n_layer,
+      mc.n_head, mc.n_embd, mc.block_size, mc.vocab_size,
+      static_cast<double>(model.num_parameters()) / 1e6, tc.seed());
+  std::unique_ptr<optim::Optimizer> opt;
+  auto groups = optim::decay_matrices_only(model.parameters());
+  if (tc.optimizer() == v1::TrainConfig::SGD) {
+    opt = std::make_unique<optim::Sgd>(groups,
+                                       optim::SgdOptions{tc.momentum(), tc.weight_decay(), false});
+  } else {
+    opt = std::make_unique<optim::AdamW>(
+        groups, optim::AdamWOptions{tc.beta1(), tc.beta2(), 1e-8, tc.weight_decay()});
+  }
+  const optim::CosineSchedule sched{tc.learning_rate(), tc.min_lr(), tc.warmup_iters(),
+                                    tc.lr_decay_iters()};
+
+  // Outputs.
+  const std::filesystem::path out_dir = tc.out_dir();
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) {
+    return invalid_argument(config_source + ": train.out_dir '" + out_dir.string() +
+                            "': " + ec.message());
+  }
+  {
+    std::ofstream f(out_dir / "config.toml");
+    f << config::to_toml(cfg);
+  }
+  std::ofstream metrics(out_dir / "metrics.jsonl", std::ios::trunc);
+  if (!metrics) return invalid_argument("cannot write " + (out_dir / "metrics.jsonl").string());
+
+  Rng batch_rng(tc.seed() + 1);
+  Rng noise_rng(tc.seed() + 3);
+  spdlog::info("rng: batches seed {}, noise seed {}, evaluation seed {}", tc.seed() + 1,
+               tc.seed() + 3, kEvalSeed);
+  const int64_t max_iters = tc.max_iters();
+  const int64_t eval_seqs = std::max(1, tc.eval_iters()) * b;
+  TrainSummary sum;
+  sum.best_val_loss = 1e30;
+  sum.checkpoint = out_dir / "ckpt.safetensors";
+  const auto t0 = Clock::now();
+  int64_t window_tokens = 0;
+  double window_seconds = 0.0;
+  double train_seconds = 0.0;
+
+  for (int64_t it = 0; it <= max_iters; ++it) {
+    const double lr = tc.decay_lr() ? sched.at(it) : tc.learning_rate();
+    const bool eval_now =
+        (tc.eval_interval() > 0 && it % tc.eval_interval() == 0) || it == max_iters;
+    if (eval_now) {
+      const double tr =
+          mdlm_eval_nelbo(model, ds.tokens(data::Split::kTrain), eval_seqs, b, kEvalSeed);
+      const double va =
+          mdlm_eval_nelbo(model, ds.tokens(data::Split::kVal), eval_seqs, b, kEvalSeed);
+      sum.train_loss = tr;
+      sum.val_loss = va;
+      spdlog::info("step {}: train NELBO {:.4f} ({:.4f} bpc), val NELBO {:.4f} ({:.4f} bpc)", it,
+                   tr, tr / kLn2, va, va / kLn2);
+      metrics << "{\"event\":\"eval\",\"iter\":" << it << ",\"train_loss\":" << tr
+              << ",\"val_loss\":" << va << ",\"train_bpc\":" << tr / kLn2
+              << ",\"val_bpc\":" << va / kLn2 << "}\n";
+      metrics.flush();
+      const MdlmCheckpointInfo info{it, tr, va};
+      if (it > 0 && va < sum.best_val_loss) {
+        sum.best_val_loss = va;
+        RETURN_IF_ERROR(
+            save_mdlm_checkpoint(out_dir / "best.safetensors", model, cfg, *tokenizer, info));
+      }
+      RETURN_IF_ERROR(save_mdlm_checkpoint(sum.checkpoint, model, cfg, *tokenizer, info));
+    }
+    if (it == max_iters) break;
+
+    const auto s0 = Clock::now();
+    ASSIGN_OR_RETURN(data::Batch batch, ds.get_batch(data::Split::kTrain, b, t, batch_rng));
+    Tensor loss = model.loss(batch.x, noise_rng);
+    const double loss_v = loss.item();
+    if (!std::isfinite(loss_v)) {
+      return internal_error("training diverged at step " + std::to_string(it) + ": loss is " +
+                            std::to_string(loss_v) + " (lower train.learning_rate?)");
+    }
+    autograd::backward(loss);
+    const double gnorm = optim::clip_grad_norm(model.parameters(), tc.grad_clip());
+    opt->step(lr);
+    opt->zero_grad();
+    const double step_seconds = std::chrono::duration<double>(Clock::now() - s0).count();
+    train_seconds += step_seconds;
+    window_seconds += step_seconds;
+    window_tokens += b * t;
+    sum.iters = it + 1;
+
+    if (tc.log_interval() > 0 && (it % tc.log_interval() == 0 || it + 1 == max_iters)) {
+      const double tps =
+          window_seconds > 0 ? static_cast<double>(window_tokens) / window_seconds : 0.0;
+      const double per_iter = train_seconds / static_cast<double>(it + 1);
+      spdlog::info(
+          "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | ETA {}", it,
+          max_iters, loss_v, lr, gnorm, tps,
+          format_eta(per_iter * static_cast<double>(max_iters - it - 1)));
+      metrics << "{\"event\":\"train\",\"iter\":" << it << ",\"loss\":" << loss_v
+              << ",\"lr\":" << lr << ",\"grad_norm\":" << gnorm << ",\"tokens_per_s\":" << tps
+              << "}\n";
+      window_seconds = 0.0;
+      window_tokens = 0;
+    }
+  }
+
+  // The whole validation split once: every non-overlapping window, one stratified time each.
+  const int64_t full_seqs = std::max<int64_t>(1, ds.val_size() / t);
+  const double full = mdlm_eval_nelbo(model, ds.tokens(data::Split::kVal), full_seqs, b, kEvalSeed);
+  spdlog::info("final: val NELBO over {} windows of {} tokens: {:.4f} nats/token, {:.4f} bpc",
+               full_seqs, t, full, full / kLn2);
+  metrics << "{\"event\":\"final\",\"iter\":" << sum.iters << ",\"val_loss_full\":" << full
+          << ",\"val_bpc_full\":" << full / kLn2 << ",\"windows\":" << full_seqs << "}\n";
+
+  sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  sum.tokens_per_second =
+      train_seconds > 0 ? static_cast<double>(sum.iters * b * t) / train_seconds : 0.0;
+  spdlog::info(
+      "done: {} steps in {:.1f} s ({:.0f} tok/s training), val NELBO {:.4f} ({:.4f} bpc), "
+      "checkpoint {}",
+      sum.iters, sum.seconds, sum.tokens_per_second, sum.val_loss, sum.val_loss / kLn2,
+      sum.checkpoint.string());
+  return sum;
+}
+
+Result<std::string> sample_mdlm_checkpoint(const std::filesystem::path& path, int64_t steps,
+                                           double temperature, uint64_t seed, int64_t num_samples) {
+  ASSIGN_OR_RETURN(LoadedMdlm loaded, load_mdlm_checkpoint(path));
+  const auto& dc = loaded.config.diffusion();
+  if (steps <= 0) steps = dc.sampling_steps();
+  if (steps <= 0) return invalid_argument("sampling steps must be positive");
+  if (num_samples <= 0) return invalid_argument("num_samples must be positive");
+  Rng rng(seed);
+  SampleStats st;
+  const auto ids =
+      loaded.model->sample(num_samples, steps, temperature, dc.cached_sampler(), rng, &st);
+  spdlog::info(
+      "mdlm sample: {} x {} tokens, {} steps, temperature {}, seed {}: {} network calls, "
+      "{} saved by the cache",
+      num_samples, loaded.model->config().block_size, st.steps, temperature, seed, st.network_calls,
+      st.cached_steps);
+  const int64_t len = loaded.model->config().block_size;
+  std::string out;
+  for (int64_t i = 0; i < num_samples; ++i) {
+    ASSIGN_OR_RETURN(std::string text,
+                     loaded.tokenizer->decode(std::span<const int32_t>(ids).subspan(
+                         static_cast<size_t>(i * len), static_cast<size_t>(len))));
+    if (i > 0) out += "\n---\n";
+    out += text;
+  }
+  return out;
+}
+
+}  // namespace starling::models
