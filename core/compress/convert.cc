@@ -10,6 +10,7 @@
 #include "core/tensor/dtype.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define STARLING_COMPRESS_X86 1
 #endif
@@ -55,7 +56,12 @@ uint32_t sign_pack_tail(const float* x, size_t n, size_t from, uint8_t* bits, do
 
 #ifdef STARLING_COMPRESS_X86
 bool has_avx2_f16c() {
-  static const bool kHas = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // F16C through CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports lacks "f16c".
+  static const bool kHas = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
+    return f16c && __builtin_cpu_supports("avx2");
+  }();
   return kHas;
 }
 

@@ -12,7 +12,6 @@ namespace starling::compress::internal {
 namespace {
 
 constexpr uint32_t kAbsMask = 0x7fffffffu;
-constexpr uint32_t kInfBits = 0x7f800000u;
 
 Status nonfinite_error() { return invalid_argument("non-finite value in the update"); }
 
