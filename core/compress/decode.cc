@@ -191,6 +191,7 @@ void add_segment(const Segment& s, float* dst, float w) {
       add_sparse_any(s, dst, w, s.indices, nullptr);
       return;
     case CodecKind::kRandk: {
+      if (s.k == 0) return;  // an empty tensor: nothing sampled, nothing to add
       std::vector<uint32_t> idx;
       internal::randk_indices(s.numel, s.k, s.seed, idx);
       const internal::Strata strata(s.numel, s.k);

@@ -74,7 +74,8 @@ void encode_values(std::span<const float> values, ValueCoding coding, int block,
 // n % k of size n / k + 1, the rest n / k; one index is drawn uniformly in each.
 struct Strata {
   int64_t n = 0, k = 0, base = 0, extra = 0;
-  Strata(int64_t n_, int64_t k_) : n(n_), k(k_), base(n_ / k_), extra(n_ % k_) {}
+  Strata(int64_t n_, int64_t k_)
+      : n(n_), k(k_), base(k_ > 0 ? n_ / k_ : 0), extra(k_ > 0 ? n_ % k_ : 0) {}
   int64_t start(int64_t j) const { return j * base + (j < extra ? j : extra); }
   int64_t size(int64_t j) const { return base + (j < extra ? 1 : 0); }
 };
