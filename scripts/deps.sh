@@ -10,6 +10,7 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler
   libasio-dev libssl-dev openssl
   libpcre2-dev zlib1g-dev
+  libcurl4-openssl-dev
   catch2
 )
 if [[ "${STARLING_DEPS_EXTRA:-}" != "" ]]; then

@@ -16,9 +16,12 @@ struct CommandContext {
 // Prints "starling: error: <message>" to stderr and sets the exit code to 1.
 void fail(CommandContext& ctx, const std::string& message);
 
-void register_train(CLI::App& app, CommandContext& ctx);   // starling train
-void register_sample(CLI::App& app, CommandContext& ctx);  // starling sample
-void register_certs(CLI::App& app, CommandContext& ctx);   // starling certs ...
-void register_info(CLI::App& app, CommandContext& ctx);    // starling info
+void register_train(CLI::App& app, CommandContext& ctx);       // starling train
+void register_sample(CLI::App& app, CommandContext& ctx);      // starling sample
+void register_certs(CLI::App& app, CommandContext& ctx);       // starling certs ...
+void register_info(CLI::App& app, CommandContext& ctx);        // starling info
+void register_data(CLI::App& app, CommandContext& ctx);        // starling data ...
+void register_aggregator(CLI::App& app, CommandContext& ctx);  // starling aggregator
+void register_client(CLI::App& app, CommandContext& ctx);      // starling client
 
 }  // namespace starling::apps

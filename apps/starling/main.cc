@@ -23,7 +23,10 @@ int main(int argc, char** argv) {
     starling::apps::register_train(app, ctx);
     starling::apps::register_sample(app, ctx);
     starling::apps::register_info(app, ctx);
+    starling::apps::register_data(app, ctx);
     starling::apps::register_certs(app, ctx);
+    starling::apps::register_aggregator(app, ctx);
+    starling::apps::register_client(app, ctx);
     CLI11_PARSE(app, argc, argv);
     return ctx.exit_code;
   } catch (const std::exception& e) {

@@ -23,8 +23,8 @@ void torch_init(nn::Linear& layer, int64_t fan_in, Rng& rng) {
 Mlp::Mlp(const MlpConfig& config, uint64_t seed) : config_(config) {
   Rng rng(seed);
   fc1_ = register_module("fc1", std::make_shared<nn::Linear>(config.in, config.hidden, true, rng));
-  fc2_ = register_module("fc2",
-                         std::make_shared<nn::Linear>(config.hidden, config.hidden, true, rng));
+  fc2_ =
+      register_module("fc2", std::make_shared<nn::Linear>(config.hidden, config.hidden, true, rng));
   fc3_ = register_module("fc3",
                          std::make_shared<nn::Linear>(config.hidden, config.classes, true, rng));
   torch_init(*fc1_, config.in, rng);

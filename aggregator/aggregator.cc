@@ -1,0 +1,583 @@
+// Rounds, sessions and streaming aggregation of the aggregation server.
+#include "aggregator/aggregator.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <cmath>
+#include <map>
+#include <optional>
+
+#include "aggregator/accumulator.h"
+#include "aggregator/round_state.h"
+#include "core/net/chunk_stream.h"
+#include "core/net/hello.h"
+#include "core/util/rng.h"
+#include "edge_client/transfer.h"
+
+namespace starling::aggregator {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+uint64_t unix_ms_after(std::chrono::milliseconds d) {
+  const auto t = std::chrono::system_clock::now() + d;
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count());
+}
+
+// FNV-1a: a per-client seed that does not depend on the standard library's std::hash.
+uint64_t fnv1a(std::string_view text) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+v1::Envelope error_envelope(v1::ErrorCode code, std::string message, bool retryable) {
+  v1::Envelope e;
+  e.mutable_error()->set_code(code);
+  e.mutable_error()->set_message(std::move(message));
+  e.mutable_error()->set_retryable(retryable);
+  return e;
+}
+
+}  // namespace
+
+struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
+  struct Session {
+    std::shared_ptr<net::Connection> conn;
+    std::string node_id;
+    bool registered = false;
+    bool selected = false;
+    bool submitted = false;
+    std::optional<net::ChunkReceiver> rx;
+    v1::UpdateUpload upload;
+    uint64_t base_version = 0;  // of the model it was sent
+    float weight = 0.0f;        // of its upload: examples, times the staleness factor (FedBuff)
+    std::shared_ptr<edge_client::ChunkPump> pump;
+  };
+
+  Impl(asio::io_context& io_ctx, AggregatorOptions opts, compress::Layout lay,
+       std::vector<float> initial, RoundHook h)
+      : io(io_ctx),
+        options(std::move(opts)),
+        layout(std::move(lay)),
+        global(std::move(initial)),
+        optimizer(options.strategy, static_cast<int64_t>(global.size())),
+        accumulator(static_cast<int64_t>(global.size()), options.rule),
+        delta(global.size()),
+        hook(std::move(h)),
+        deadline_timer(io_ctx) {}
+
+  asio::io_context& io;
+  AggregatorOptions options;
+  compress::Layout layout;
+  std::vector<float> global;
+  ServerOptimizer optimizer;
+  UpdateAccumulator accumulator;
+  std::vector<float> delta;
+  RoundHook hook;
+  std::unique_ptr<net::Server> server;
+  asio::steady_timer deadline_timer;
+
+  std::map<uint64_t, Session> sessions;
+  uint64_t next_session = 1;
+  uint64_t round = 0;  // completed
+  uint64_t version = 0;
+  uint64_t attempt = 0;  // retries of the round in progress
+  uint64_t next_transfer = 1;
+  bool round_active = false;
+  bool start_posted = false;
+  bool done = false;
+  Status error;
+  // The round in progress.
+  int target = 0;
+  int selected = 0;
+  int rejected = 0;
+  double loss_sum = 0.0;
+  uint64_t bytes_in = 0;
+  Clock::time_point started;
+  // The model payload of the current version, shared by every dispatch.
+  std::shared_ptr<const std::string> model_bytes;
+  uint64_t payload_version = ~0ull;
+  uint64_t dispatches = 0;
+
+  bool async() const { return options.buffer_size > 0; }
+
+  Status resume() {
+    if (options.state_dir.empty()) return ok_status();
+    auto st = load_round_state(options.state_dir, layout);
+    if (st.status().code() == StatusCode::kNotFound) return ok_status();
+    if (!st.ok()) return st.status().with_context("resuming from " + options.state_dir);
+    if (st->strategy != strategy_name(options.strategy.kind)) {
+      return failed_precondition("state in " + options.state_dir + " was written by strategy " +
+                                 st->strategy + ", this run uses " +
+                                 std::string(strategy_name(options.strategy.kind)));
+    }
+    for (auto& [name, slot] : optimizer.slots()) {
+      auto it = std::find_if(st->slots.begin(), st->slots.end(),
+                             [&](const auto& s) { return s.first == name; });
+      if (it == st->slots.end()) return data_loss("round state lacks server_opt." + name);
+      *slot = std::move(it->second);
+    }
+    global = std::move(st->global);
+    round = st->round;
+    version = st->model_version;
+    spdlog::info("aggregator: resumed from {} after round {}", options.state_dir, round);
+    if (round >= options.num_rounds) done = true;
+    return ok_status();
+  }
+
+  void accept(std::shared_ptr<net::Connection> conn) {
+    const uint64_t id = next_session++;
+    sessions[id].conn = conn;
+    auto weak = weak_from_this();
+    conn->start(
+        [weak, id](v1::Envelope e) {
+          if (auto self = weak.lock()) self->on_message(id, std::move(e));
+        },
+        [weak, id](const Status& st) {
+          if (auto self = weak.lock()) self->on_close(id, st);
+        });
+    if (done) finish_session(sessions[id]);
+  }
+
+  void on_close(uint64_t id, const Status& st) {
+    auto it = sessions.find(id);
+    if (it == sessions.end()) return;
+    if (it->second.registered) {
+      spdlog::info("aggregator: client {} left ({})", it->second.node_id, st.to_string());
+    }
+    const bool was_outstanding = it->second.selected && !it->second.submitted;
+    sessions.erase(it);
+    if (async()) {
+      post_start();
+    } else if (round_active && was_outstanding) {
+      check_round_end();
+    }
+  }
+
+  void send(Session& s, const v1::Envelope& e) {
+    const Status st = s.conn->send(e);
+    if (!st.ok()) spdlog::warn("aggregator: send to {}: {}", s.node_id, st.to_string());
+  }
+
+  void reject_peer(Session& s, v1::ErrorCode code, const Status& why) {
+    spdlog::warn("aggregator: {}: {}", s.conn->peer().describe(), why.to_string());
+    send(s, error_envelope(code, why.message(), false));
+    s.conn->close();
+  }
+
+  void on_message(uint64_t id, v1::Envelope e) {
+    auto it = sessions.find(id);
+    if (it == sessions.end()) return;
+    Session& s = it->second;
+    if (!s.registered) {
+      if (!e.has_hello()) {
+        return reject_peer(s, v1::ERROR_CODE_BAD_REQUEST, failed_precondition("expected Hello"));
+      }
+      return on_hello(id, s, e.hello());
+    }
+    switch (e.body_case()) {
+      case v1::Envelope::kUpdateUpload:
+        return on_upload(s, e.update_upload());
+      case v1::Envelope::kChunk:
+        return on_chunk(s, e.chunk());
+      case v1::Envelope::kChunkAck:
+        if (s.pump && e.chunk_ack().transfer_id() == s.pump->header().transfer_id() &&
+            !e.chunk_ack().complete()) {
+          s.pump->resume_from(e.chunk_ack().next_index());
+        }
+        return;
+      case v1::Envelope::kHeartbeat:
+      case v1::Envelope::kAck:
+        return;
+      case v1::Envelope::kError:
+        spdlog::warn("aggregator: error from {}: {}", s.node_id, e.error().message());
+        return;
+      default:
+        send(s,
+             error_envelope(v1::ERROR_CODE_BAD_REQUEST, "unexpected message from a client", false));
+    }
+  }
+
+  void on_hello(uint64_t id, Session& s, const v1::Hello& hello) {
+    const Status st = net::check_hello(hello, s.conn->peer());
+    if (!st.ok()) return reject_peer(s, v1::ERROR_CODE_PERMISSION_DENIED, st);
+    if (hello.role() != v1::ROLE_CLIENT) {
+      return reject_peer(s, v1::ERROR_CODE_PERMISSION_DENIED,
+                         permission_denied("only clients may join a federation"));
+    }
+    // A reconnecting client replaces its old connection.
+    for (auto& [other_id, other] : sessions) {
+      if (other_id != id && other.registered && other.node_id == hello.node_id()) {
+        other.conn->abort(unavailable("replaced by a new connection"));
+        break;
+      }
+    }
+    s.node_id = hello.node_id();
+    s.registered = true;
+    v1::Envelope reply;
+    *reply.mutable_hello() = net::make_hello(options.node_id, v1::ROLE_AGGREGATOR, {options.codec},
+                                             wire::kDefaultMaxFrameBytes);
+    send(s, reply);
+    spdlog::info("aggregator: client {} registered ({} connected)", s.node_id, registered_count());
+    post_start();
+  }
+
+  size_t registered_count() const {
+    return static_cast<size_t>(std::count_if(sessions.begin(), sessions.end(),
+                                             [](const auto& p) { return p.second.registered; }));
+  }
+
+  void post_start() {
+    if (start_posted || done || (round_active && !async())) return;
+    start_posted = true;
+    asio::post(io, [weak = weak_from_this()] {
+      if (auto self = weak.lock()) {
+        self->start_posted = false;
+        self->maybe_start_round();
+      }
+    });
+  }
+
+  std::shared_ptr<const std::string> model_payload() {
+    if (!model_bytes || payload_version != version) {
+      model_bytes = std::make_shared<const std::string>(edge_client::to_f32_bytes(global));
+      payload_version = version;
+    }
+    return model_bytes;
+  }
+
+  void dispatch(Session& s) {
+    s.selected = true;
+    s.submitted = false;
+    s.rx.reset();
+    s.base_version = version;
+    v1::Envelope plan;
+    auto* p = plan.mutable_round_plan();
+    p->set_round(round + 1);
+    p->set_model_version(version);
+    p->set_local_steps(options.local_steps);
+    p->set_batch_size(options.batch_size);
+    p->set_learning_rate(options.learning_rate);
+    p->set_codec(options.codec);
+    p->set_deadline_unix_ms(unix_ms_after(options.round_deadline));
+    p->set_seed(Rng(options.seed).fork(round + 1).fork(fnv1a(s.node_id)).next_u64());
+    send(s, plan);
+    if (s.pump) s.pump->cancel();
+    s.pump = std::make_shared<edge_client::ChunkPump>(s.conn, model_payload(), next_transfer++,
+                                                      options.chunk_bytes,
+                                                      std::string(edge_client::kModelContentType));
+    v1::Envelope dl;
+    auto* d = dl.mutable_model_download();
+    d->set_round(round + 1);
+    d->set_model_version(version);
+    *d->mutable_transfer() = s.pump->header();
+    send(s, dl);
+    s.pump->start();
+  }
+
+  // FedBuff: keep `concurrency` clients training on the latest model at all times.
+  void dispatch_async() {
+    std::vector<Session*> idle;
+    size_t registered = 0;
+    size_t in_flight = 0;
+    for (auto& [sid, s] : sessions) {
+      if (!s.registered || !s.conn->is_open()) continue;
+      ++registered;
+      if (s.selected) {
+        ++in_flight;
+      } else {
+        idle.push_back(&s);
+      }
+    }
+    if (!round_active) {
+      if (registered == 0 || registered < options.min_available) return;
+      round_active = true;
+      target = static_cast<int>(options.buffer_size);
+      started = Clock::now();
+    }
+    const size_t concurrency = std::max<size_t>(
+        1, std::max<size_t>(options.clients_per_round,
+                            static_cast<size_t>(std::ceil(
+                                options.fraction * static_cast<double>(registered) - 1e-6))));
+    std::sort(idle.begin(), idle.end(),
+              [](const Session* a, const Session* b) { return a->node_id < b->node_id; });
+    Rng rng = Rng(options.seed).fork(++dispatches);
+    for (size_t i = 0; i < idle.size() && in_flight < concurrency; ++i, ++in_flight) {
+      const size_t j = i + static_cast<size_t>(rng.below(idle.size() - i));
+      std::swap(idle[i], idle[j]);
+      dispatch(*idle[i]);
+      ++selected;
+    }
+  }
+
+  void maybe_start_round() {
+    if (done) return;
+    if (async()) return dispatch_async();
+    if (round_active) return;
+    std::vector<Session*> idle;
+    for (auto& [sid, s] : sessions) {
+      if (s.registered && s.conn->is_open()) idle.push_back(&s);
+    }
+    const size_t available = idle.size();
+    if (available == 0 || available < options.min_available) return;
+    std::sort(idle.begin(), idle.end(),
+              [](const Session* a, const Session* b) { return a->node_id < b->node_id; });
+    // The slack keeps fractions read from float configs (0.1f * 100 = 10.0000001) from
+    // rounding up to one client more.
+    auto ceil_count = [](double x) { return static_cast<size_t>(std::ceil(x - 1e-6)); };
+    size_t want = std::max<size_t>(options.clients_per_round,
+                                   ceil_count(options.fraction * static_cast<double>(available)));
+    want = std::clamp<size_t>(want, 1, available);
+    const size_t pick =
+        std::min(available, ceil_count(static_cast<double>(want) * (1.0 + options.over_selection)));
+    Rng rng = Rng(options.seed).fork(((round + 1) << 16) + attempt);
+    for (size_t i = 0; i < pick; ++i) {
+      const size_t j = i + static_cast<size_t>(rng.below(available - i));
+      std::swap(idle[i], idle[j]);
+    }
+    target = static_cast<int>(want);
+    selected = static_cast<int>(pick);
+    rejected = 0;
+    loss_sum = 0.0;
+    bytes_in = 0;
+    accumulator.reset();
+    round_active = true;
+    started = Clock::now();
+
+    for (size_t i = 0; i < pick; ++i) dispatch(*idle[i]);
+    spdlog::info("aggregator: round {} started: {} selected for {} updates ({} available)",
+                 round + 1, pick, want, available);
+    deadline_timer.expires_after(options.round_deadline);
+    deadline_timer.async_wait(
+        [weak = weak_from_this(), r = round, a = attempt](const asio::error_code& ec) {
+          auto self = weak.lock();
+          if (ec || !self || !self->round_active || self->round != r || self->attempt != a) return;
+          spdlog::warn("aggregator: round {} deadline passed with {} of {} updates", r + 1,
+                       self->accumulator.count(), self->target);
+          self->end_partial_round();
+        });
+  }
+
+  void reject_update(Session& s, const Status& why) {
+    ++rejected;
+    s.submitted = true;
+    s.rx.reset();
+    if (async()) s.selected = false;
+    spdlog::warn("aggregator: round {}: update from {} rejected: {}", round + 1, s.node_id,
+                 why.to_string());
+    send(s, error_envelope(v1::ERROR_CODE_BAD_REQUEST, "update rejected: " + why.message(), false));
+    check_round_end();
+  }
+
+  void on_upload(Session& s, const v1::UpdateUpload& u) {
+    const bool current = async() ? s.selected : u.round() == round + 1 && s.selected;
+    if (!round_active || !current) {
+      send(s, error_envelope(v1::ERROR_CODE_ROUND_CLOSED,
+                             "round " + std::to_string(u.round()) + " is closed", true));
+      return;
+    }
+    if (s.submitted || s.rx) return reject_update(s, invalid_argument("second upload in a round"));
+    if (u.base_version() != s.base_version) {
+      return reject_update(
+          s, invalid_argument("update against model version " + std::to_string(u.base_version()) +
+                              ", sent " + std::to_string(s.base_version)));
+    }
+    s.weight = static_cast<float>(u.num_samples());
+    if (async()) {
+      const uint64_t staleness = version - s.base_version;
+      if (staleness > options.max_staleness) {
+        return reject_update(
+            s, invalid_argument("update " + std::to_string(staleness) + " versions stale (max " +
+                                std::to_string(options.max_staleness) + ")"));
+      }
+      s.weight /= std::sqrt(1.0f + static_cast<float>(staleness));
+    }
+    if (u.num_samples() == 0 || u.num_samples() > (1ull << 24)) {
+      return reject_update(s, invalid_argument("num_samples " + std::to_string(u.num_samples()) +
+                                               " outside [1, 2^24]"));
+    }
+    const uint64_t limit =
+        options.max_update_bytes ? options.max_update_bytes : global.size() * 8 + (1u << 20);
+    auto rx = net::ChunkReceiver::create_buffered(u.transfer(), limit);
+    if (!rx.ok()) return reject_update(s, rx.status());
+    s.rx.emplace(std::move(*rx));
+    s.upload = u;
+    if (u.transfer().num_chunks() == 0) finish_upload(s);
+  }
+
+  void on_chunk(Session& s, const v1::Chunk& c) {
+    if (!s.rx || c.transfer_id() != s.upload.transfer().transfer_id()) return;  // stale
+    const Status st = s.rx->accept(c);
+    if (st.code() == StatusCode::kDataLoss) {
+      v1::Envelope ack;
+      *ack.mutable_chunk_ack() = s.rx->ack();
+      return send(s, ack);
+    }
+    if (!st.ok()) return reject_update(s, st);
+    if (s.rx->all_received()) finish_upload(s);
+  }
+
+  void finish_upload(Session& s) {
+    Status st = s.rx->finish();
+    if (!st.ok()) return reject_update(s, st);
+    const std::string payload = s.rx->take_payload();
+    s.rx.reset();
+    st = accumulator.fold_bytes(payload, s.weight);
+    if (!st.ok()) return reject_update(s, st);
+    s.submitted = true;
+    if (async()) s.selected = false;
+    bytes_in += payload.size();
+    loss_sum += static_cast<double>(s.upload.train_loss()) * static_cast<double>(s.weight);
+    v1::Envelope ack;
+    ack.mutable_chunk_ack()->set_transfer_id(s.upload.transfer().transfer_id());
+    ack.mutable_chunk_ack()->set_next_index(s.upload.transfer().num_chunks());
+    ack.mutable_chunk_ack()->set_complete(true);
+    send(s, ack);
+    check_round_end();
+  }
+
+  void check_round_end() {
+    if (!round_active) return;
+    if (accumulator.count() >= target) return close_round();
+    if (async()) return post_start();
+    const bool outstanding = std::any_of(sessions.begin(), sessions.end(), [](const auto& p) {
+      return p.second.selected && !p.second.submitted;
+    });
+    if (!outstanding) end_partial_round();
+  }
+
+  void end_partial_round() {
+    if (accumulator.count() >= static_cast<int>(std::max<uint32_t>(options.min_updates, 1))) {
+      return close_round();
+    }
+    spdlog::warn("aggregator: round {} failed ({} updates, {} needed); retrying", round + 1,
+                 accumulator.count(), options.min_updates);
+    round_active = false;
+    ++attempt;
+    deadline_timer.cancel();
+    for (auto& [sid, s] : sessions) s.selected = false;
+    post_start();
+  }
+
+  void close_round() {
+    if (!async()) {
+      round_active = false;
+      deadline_timer.cancel();
+      for (auto& [sid, s] : sessions) {
+        s.selected = false;
+        s.rx.reset();
+      }
+    }
+    RoundReport report;
+    report.round = round + 1;
+    report.selected = selected;
+    report.updates = accumulator.count();
+    report.rejected = rejected;
+    report.clipped = accumulator.clipped();
+    report.total_weight = accumulator.total_weight();
+    report.mean_train_loss = loss_sum / accumulator.total_weight();
+    report.update_bytes = bytes_in;
+    report.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+
+    accumulator.mean_into(delta);
+    optimizer.apply(global, delta);
+    ++round;
+    ++version;
+    attempt = 0;
+    if (!options.state_dir.empty()) {
+      RoundState st;
+      st.round = round;
+      st.model_version = version;
+      st.strategy = std::string(strategy_name(options.strategy.kind));
+      st.global = global;
+      for (auto& [name, slot] : optimizer.slots()) st.slots.emplace_back(name, *slot);
+      const Status saved = save_round_state(options.state_dir, layout, st);
+      if (!saved.ok()) {
+        error = saved.with_context("checkpoint after round " + std::to_string(round));
+        spdlog::error("aggregator: {}", error.to_string());
+        return finish();
+      }
+    }
+    spdlog::info("aggregator: round {} closed: {} updates ({} rejected), weight {}, loss {:.4f}",
+                 report.round, report.updates, report.rejected, report.total_weight,
+                 report.mean_train_loss);
+    if (async()) {  // the buffer restarts; clients in flight keep training
+      accumulator.reset();
+      selected = 0;
+      rejected = 0;
+      loss_sum = 0.0;
+      bytes_in = 0;
+      started = Clock::now();
+    }
+    bool go_on = true;
+    if (hook) go_on = hook(report, global);
+    if (!go_on || round >= options.num_rounds) return finish();
+    post_start();
+  }
+
+  void finish_session(Session& s) {
+    if (s.pump) s.pump->cancel();
+    send(s, error_envelope(v1::ERROR_CODE_UNSPECIFIED,
+                           std::string(edge_client::kFederationComplete), false));
+    s.conn->close();
+  }
+
+  void finish() {
+    done = true;
+    for (auto& [sid, s] : sessions) finish_session(s);
+    spdlog::info("aggregator: federation complete after {} rounds", round);
+  }
+};
+
+Result<std::unique_ptr<Aggregator>> Aggregator::create(asio::io_context& io,
+                                                       std::shared_ptr<asio::ssl::context> ctx,
+                                                       AggregatorOptions options,
+                                                       compress::Layout layout,
+                                                       std::vector<float> initial, RoundHook hook) {
+  ASSIGN_OR_RETURN(const int64_t numel, compress::validate_layout(layout), "aggregator");
+  if (numel != static_cast<int64_t>(initial.size())) {
+    return invalid_argument("aggregator: initial model has " + std::to_string(initial.size()) +
+                            " values, layout " + std::to_string(numel));
+  }
+  auto impl = std::make_shared<Impl>(io, std::move(options), std::move(layout), std::move(initial),
+                                     std::move(hook));
+  RETURN_IF_ERROR(impl->resume());
+  std::weak_ptr<Impl> weak = impl;
+  ASSIGN_OR_RETURN(
+      impl->server,
+      net::Server::listen(
+          io, std::move(ctx), impl->options.server,
+          [weak](std::shared_ptr<net::Connection> c) {
+            if (auto self = weak.lock()) self->accept(std::move(c));
+          },
+          [](const Status& st) { spdlog::warn("aggregator: refused: {}", st.to_string()); }),
+      "aggregator");
+  return std::unique_ptr<Aggregator>(new Aggregator(std::move(impl)));
+}
+
+Aggregator::~Aggregator() {
+  if (!impl_) return;
+  impl_->server->stop();
+  impl_->deadline_timer.cancel();
+  auto sessions = std::move(impl_->sessions);
+  impl_->sessions.clear();
+  for (auto& [id, s] : sessions) s.conn->abort(unavailable("aggregator stopped"));
+}
+
+uint16_t Aggregator::port() const { return impl_->server->port(); }
+uint64_t Aggregator::rounds_completed() const { return impl_->round; }
+bool Aggregator::done() const { return impl_->done; }
+const Status& Aggregator::error() const { return impl_->error; }
+std::span<const float> Aggregator::global() const { return impl_->global; }
+size_t Aggregator::registered_clients() const { return impl_->registered_count(); }
+int Aggregator::round_updates() const {
+  return impl_->round_active ? impl_->accumulator.count() : 0;
+}
+
+}  // namespace starling::aggregator

@@ -1,0 +1,105 @@
+// The aggregation server: registers clients over mutual TLS (identity from the certificate),
+// runs rounds (selection with over-selection, model download, quorum, deadline), folds each
+// update into a running weighted sum as it completes, steps the server optimizer and writes a
+// crash-safe checkpoint after every round; a restart from the same state_dir resumes.
+#pragma once
+
+#include <asio/io_context.hpp>
+#include <asio/ssl/context.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "aggregator/accumulator.h"
+#include "aggregator/strategy.h"
+#include "core/compress/codec.h"
+#include "core/net/server.h"
+#include "core/util/status.h"
+
+namespace starling::aggregator {
+
+struct AggregatorOptions {
+  net::ServerOptions server;
+  std::string node_id = "aggregator";  // must match our certificate's CN
+  uint32_t num_rounds = 10;
+  // Target updates per round: max(clients_per_round, ceil(fraction * available)), at least 1,
+  // at most the clients available.
+  uint32_t clients_per_round = 0;
+  double fraction = 0.1;
+  uint32_t min_available = 1;   // connected idle clients needed to start a round
+  double over_selection = 0.0;  // select ceil(target * (1 + over_selection)) clients
+  uint32_t min_updates = 1;     // at the deadline, fewer updates than this retry the round
+  std::chrono::milliseconds round_deadline{60'000};
+  uint64_t seed = 1;  // selection and the per-client seeds of round plans
+  StrategyOptions strategy;
+  AggregationRule rule;  // mean (streaming), median, trimmed mean; norm clipping
+  // What the round plan asks of clients.
+  uint32_t local_steps = 0;
+  uint32_t batch_size = 10;
+  float learning_rate = 0.1f;
+  std::string codec = "identity";
+  // FedBuff (Nguyen et al. 2022) when > 0: no synchronous rounds; max(clients_per_round,
+  // ceil(fraction * registered)) clients train at all times, each update is folded with weight
+  // num_samples / sqrt(1 + staleness) (staleness: versions since its model was sent), and every
+  // buffer_size updates make one server step (a "round" in reports, checkpoints and num_rounds).
+  // Updates more than max_staleness versions old are rejected.
+  uint32_t buffer_size = 0;
+  uint32_t max_staleness = 10;
+  // Checkpoints after every round; empty: none (tests that do not test resumption).
+  std::string state_dir;
+  uint32_t chunk_bytes = 1u << 20;
+  uint64_t max_update_bytes = 0;  // 0: 8 bytes per parameter + 1 MiB
+};
+
+// What happened in one completed round.
+struct RoundReport {
+  uint64_t round = 0;  // 1-based
+  int selected = 0;
+  int updates = 0;   // folded
+  int rejected = 0;  // malformed, non-finite, checksum failures
+  int clipped = 0;   // scaled down to the clip norm
+  double total_weight = 0.0;
+  double mean_train_loss = 0.0;  // weighted by examples
+  uint64_t update_bytes = 0;     // compressed update bytes received and folded
+  double seconds = 0.0;
+};
+
+// Not thread-safe: every call and handler runs on the io_context thread. Destroying it aborts
+// every connection at once, as a crash would; the files already written stay.
+class Aggregator {
+ public:
+  // Called after each round's checkpoint with the new global model. Returning false ends the
+  // run after that round (e.g. a target accuracy was reached).
+  using RoundHook = std::function<bool(const RoundReport&, std::span<const float> global)>;
+
+  // Listens, and resumes from options.state_dir when it holds a round state (the initial model
+  // is then replaced). REQUIRES: ctx made with TlsSide::kServer; `initial` has layout's numel.
+  static Result<std::unique_ptr<Aggregator>> create(
+      asio::io_context& io, std::shared_ptr<asio::ssl::context> ctx, AggregatorOptions options,
+      compress::Layout layout, std::vector<float> initial, RoundHook hook = {});
+  ~Aggregator();
+  Aggregator(const Aggregator&) = delete;
+  Aggregator& operator=(const Aggregator&) = delete;
+
+  uint16_t port() const;
+  uint64_t rounds_completed() const;
+  // num_rounds completed (or the hook ended the run), or a fatal error (see error()).
+  bool done() const;
+  const Status& error() const;
+  std::span<const float> global() const;
+  size_t registered_clients() const;
+  // Updates folded so far in the round in progress (0 between rounds).
+  int round_updates() const;
+
+  struct Impl;
+
+ private:
+  explicit Aggregator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace starling::aggregator

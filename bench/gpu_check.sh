@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU machine's check, run from anywhere in the repository: configures the cuda preset,
+# builds the CUDA tests and benchmark, runs `ctest -L cuda`, the CPU communicator tests and
+# cuda_bench, and appends date, commit, GPU and results to bench/RESULTS.md (also copied to
+# $OUT when set, with the logs). Needs carry/ from bench/make_carry.sh where the machine lacks
+# standalone Asio, toml++ or Catch2 v2. Env: CUDA_ARCH (default 90), JOBS (default nproc),
+# BUILD_DIR (default build/cuda).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+build="${BUILD_DIR:-$root/build/cuda}"
+logs="$build/gpu_check-logs"
+
+args=(-DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DSTARLING_BUILD_BENCH=ON)
+if [ -d carry ]; then
+  args+=(-DCatch2_DIR="$root/carry/lib/cmake/Catch2"
+         -Dtomlplusplus_DIR="$root/carry/lib/cmake/tomlplusplus"
+         "-DCMAKE_CXX_FLAGS=-isystem $root/carry/include")
+fi
+command -v ninja >/dev/null || args+=(-G "Unix Makefiles")
+if ! command -v nvcc >/dev/null; then
+  for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
+    if [ -x "$d/nvcc" ]; then export PATH="$d:$PATH"; break; fi
+  done
+fi
+# NCCL from Python's nvidia-nccl wheel when the toolkit has none (the wheel has only .so.2).
+cuda_home=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
+if [ ! -f "$cuda_home/include/nccl.h" ] && [ ! -f /usr/include/nccl.h ]; then
+  nccl=$(python3 -c "import nvidia.nccl as m; print(m.__path__[0])" 2>/dev/null || true)
+  if [ -n "$nccl" ]; then
+    args+=(-DNCCL_ROOT="$nccl")
+    export LD_LIBRARY_PATH="$nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+fi
+
+mkdir -p "$logs"
+export STARLING_REQUIRE_GPU=1  # [cuda] tests fail, not skip, when no GPU is visible
+status=ok
+step() {  # step NAME CMD...: runs CMD with output in $logs/NAME.log, remembers a failure
+  local name=$1; shift
+  echo "== $name: $*"
+  if "$@" >"$logs/$name.log" 2>&1; then echo "   ok"; else echo "   FAILED (see $logs/$name.log)"; tail -40 "$logs/$name.log"; status=failed; fi
+}
+
+{ nvidia-smi; command -v nvcc && nvcc --version; cmake --version; command -v ninja; echo "args: ${args[*]}"; } \
+  >"$logs/environment.log" 2>&1
+step configure cmake --preset cuda -B "$build" "${args[@]}"
+step build cmake --build "$build" -j "${JOBS:-$(nproc)}" \
+  --target starling_cuda_tests starling_comm_tests cuda_bench
+step ctest_cuda ctest --test-dir "$build" -L cuda --no-tests=error --output-on-failure --timeout 300
+step comm_tests "$build/tests/starling_comm_tests"
+step cuda_bench "$build/bench/cuda_bench"
+
+gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
+{
+  echo
+  echo "## $(date -u '+%Y-%m-%d %H:%M UTC') · commit $commit · ${gpu:-no GPU found} · $status"
+  echo
+  echo "ctest -L cuda: $(grep -E 'tests passed|tests failed' "$logs/ctest_cuda.log" 2>/dev/null | tail -1)"
+  echo
+  echo "CPU communicator: $(tail -2 "$logs/comm_tests.log" 2>/dev/null | tr -s '\n' ' ')"
+  echo
+  grep -E '^(GPU:|\|)' "$logs/cuda_bench.log" 2>/dev/null || echo "(cuda_bench did not run)"
+} >> bench/RESULTS.md
+if [ -n "${OUT:-}" ]; then cp -r bench/RESULTS.md "$logs" "$OUT/"; fi
+echo "gpu_check: $status"
+[ "$status" = ok ]

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs on a build machine that has them (Debian: libasio-dev, libtomlplusplus-dev, catch2 v2):
+# copies the header-only dependencies a GPU machine lacks into carry/ (git-ignored), for
+# bench/gpu_check.sh there. toml++ is carried header-only (TOML_HEADER_ONLY=1) with its own
+# small CMake config, since Debian's config points at a shared library.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out="$root/carry"
+rm -rf "$out"
+mkdir -p "$out/include" "$out/lib/cmake/tomlplusplus"
+cp -r /usr/include/asio /usr/include/asio.hpp /usr/include/toml++ /usr/include/catch2 "$out/include/"
+cp -r /usr/lib/cmake/Catch2 "$out/lib/cmake/"  # relocatable: include dir is ../../../include
+# The config checks that every imported file exists, though starling links only Catch2::Catch2.
+cp /usr/lib/libCatch2WithMain.a "$out/lib/"
+cat > "$out/lib/cmake/tomlplusplus/tomlplusplusConfig.cmake" <<'CFG'
+# toml++ header-only, relative to this file (written by bench/make_carry.sh).
+if(NOT TARGET tomlplusplus::tomlplusplus)
+  get_filename_component(_toml_prefix "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
+  add_library(tomlplusplus::tomlplusplus INTERFACE IMPORTED)
+  set_target_properties(tomlplusplus::tomlplusplus PROPERTIES
+    INTERFACE_INCLUDE_DIRECTORIES "${_toml_prefix}/include"
+    INTERFACE_COMPILE_DEFINITIONS "TOML_HEADER_ONLY=1")
+  unset(_toml_prefix)
+endif()
+CFG
+cat > "$out/lib/cmake/tomlplusplus/tomlplusplusConfigVersion.cmake" <<'CFG'
+set(PACKAGE_VERSION "3.3.0")
+set(PACKAGE_VERSION_COMPATIBLE TRUE)
+if(PACKAGE_FIND_VERSION STREQUAL PACKAGE_VERSION)
+  set(PACKAGE_VERSION_EXACT TRUE)
+endif()
+CFG
+du -sh "$out"
+echo "carry/ ready; bench/gpu_check.sh passes these to CMake:"
+echo "  -DCatch2_DIR=$out/lib/cmake/Catch2 -Dtomlplusplus_DIR=$out/lib/cmake/tomlplusplus"
+echo "  -DCMAKE_CXX_FLAGS='-isystem $out/include'   (standalone Asio)"

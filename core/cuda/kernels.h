@@ -1,0 +1,92 @@
+// Host launchers of the CUDA kernels: plain fp32 device pointers, contiguous row-major, one
+// launcher per op and direction, each enqueued on `stream` (nothing synchronizes). Shapes use
+// the house letters: N rows (= B*T), C channels, V vocabulary, B batch, T time, H heads.
+// Backward launchers overwrite their outputs (no accumulation). CUDA builds only.
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace starling::cuda {
+
+// layer_norm_cuda.cu. x: (N, C), weight, bias: (C) (bias may be null) -> y: (N, C), and the
+// per-row mean, rstd: (N) for the backward pass (either may be null in inference).
+void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* weight,
+                        const float* bias, int n, int c, float eps, cudaStream_t stream);
+// dy, x: (N, C), weight: (C), mean, rstd: (N) -> dx: (N, C), dweight, dbias: (C) (dbias may be
+// null). Column sums run in a fixed order: results are deterministic.
+void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
+                         const float* weight, const float* mean, const float* rstd, int n, int c,
+                         cudaStream_t stream);
+
+// gelu_cuda.cu: exact (erf) GELU. x: (n) -> y: (n); backward dx = dy * gelu'(x).
+void gelu_forward(float* y, const float* x, size_t n, cudaStream_t stream);
+void gelu_backward(float* dx, const float* dy, const float* x, size_t n, cudaStream_t stream);
+
+// cross_entropy_cuda.cu: softmax + cross-entropy fused. logits: (N, V), targets: (N) int32 in
+// [0, V) or ignore_index -> losses: (N) (0 on ignored rows), loss: () the mean over the valid
+// rows (0 when none), valid_count: () the number of valid rows.
+void cross_entropy_forward(float* losses, float* loss, int* valid_count, const float* logits,
+                           const int* targets, int n, int v, int ignore_index, cudaStream_t stream);
+// dloss: () the upstream gradient of `loss`, valid_count from the forward pass ->
+// dlogits: (N, V) = (softmax(logits) - onehot(target)) * dloss / valid_count, 0 on ignored rows.
+void cross_entropy_backward(float* dlogits, const float* logits, const int* targets,
+                            const float* dloss, const int* valid_count, int n, int v,
+                            int ignore_index, cudaStream_t stream);
+
+// adamw_cuda.cu: one decoupled-weight-decay Adam step on n fp32 master weights, the same
+// arithmetic as core/optim's AdamW; `step` counts from 1. When params_bf16 is not null it
+// receives the updated weights rounded to bf16 (the copy the bf16 forward pass reads).
+struct AdamWStep {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  long step = 1;
+};
+void adamw_step(float* params, __nv_bfloat16* params_bf16, const float* grads, float* m, float* v,
+                size_t n, const AdamWStep& s, cudaStream_t stream);
+
+// matmul_cuda.cu: fp32 GEMMs through cuBLAS (in the handle's math mode).
+// a: (M, K), b: (K, N) -> c: (M, N).
+void matmul_forward(float* c, const float* a, const float* b, int m, int n, int k,
+                    cublasHandle_t handle, cudaStream_t stream);
+// dc: (M, N) -> da: (M, K) = dc b^T, db: (K, N) = a^T dc (either may be null).
+void matmul_backward(float* da, float* db, const float* dc, const float* a, const float* b, int m,
+                     int n, int k, cublasHandle_t handle, cudaStream_t stream);
+// x: (N, IN), weight: (OUT, IN), bias: (OUT) or null -> y: (N, OUT) = x weight^T + bias.
+void linear_forward(float* y, const float* x, const float* weight, const float* bias, int n, int in,
+                    int out, cublasHandle_t handle, cudaStream_t stream);
+// dy: (N, OUT) -> dx: (N, IN), dweight: (OUT, IN), dbias: (OUT) (dbias may be null).
+void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
+                     const float* weight, int n, int in, int out, cublasHandle_t handle,
+                     cudaStream_t stream);
+// linear_lt_cuda.cu: linear_forward through cuBLASLt with the bias added in the GEMM's epilogue
+// (one kernel instead of two). workspace: device scratch for cuBLASLt (32 MiB is plenty; may be
+// null with workspace_bytes 0). Falls back to linear_forward when cuBLASLt offers no algorithm.
+void linear_forward_lt(float* y, const float* x, const float* weight, const float* bias, int n,
+                       int in, int out, cublasLtHandle_t lt, void* workspace,
+                       size_t workspace_bytes, cublasHandle_t handle, cudaStream_t stream);
+// Row-major strided-batched GEMM: c_i = alpha op(a_i) op(b_i) + beta c_i for i < batch, with
+// leading dimensions and batch strides in elements (what attention uses on packed heads).
+void gemm_strided_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                          const float* a, int lda, long long stride_a, const float* b, int ldb,
+                          long long stride_b, float beta, float* c, int ldc, long long stride_c,
+                          int batch, cublasHandle_t handle, cudaStream_t stream);
+
+// attention_cuda.cu: causal or full attention over packed heads, like ops::attention_packed.
+// qkv: (B, T, 3C) as [q | k | v], H heads of D = C / H -> out: (B, T, C); att: (B, H, T, T)
+// receives the attention probabilities for the backward pass.
+void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c, int h,
+                       bool causal, cublasHandle_t handle, cudaStream_t stream);
+// dout: (B, T, C), qkv and att from the forward pass, scratch: (B, H, T, T) -> dqkv: (B, T, 3C).
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, int b, int t, int c, int h, cublasHandle_t handle,
+                        cudaStream_t stream);
+
+}  // namespace starling::cuda

@@ -1,0 +1,92 @@
+// Matmul and linear through cuBLAS. cuBLAS is column-major: a row-major C = op(A) op(B) is the
+// column-major C^T = op(B)^T op(A)^T, so every call swaps the operands and m with n.
+#include "core/cuda/check.h"
+#include "core/cuda/internal/reduce.cuh"
+#include "core/cuda/kernels.h"
+
+namespace starling::cuda {
+namespace {
+
+// out[j] = sum over rows i of in[i, j]. Block (32, kRowLanes): rows strided over threadIdx.y,
+// partial sums added in y order (deterministic).
+constexpr int kRowLanes = 16;
+__global__ void column_sums_kernel(float* out, const float* in, int rows, int cols) {
+  __shared__ float part[kRowLanes][33];
+  const int j = blockIdx.x * 32 + threadIdx.x;
+  float s = 0.0f;
+  if (j < cols) {
+    for (int i = threadIdx.y; i < rows; i += kRowLanes) s += in[static_cast<size_t>(i) * cols + j];
+  }
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < cols) {
+    float t = 0.0f;
+    for (int y = 0; y < kRowLanes; ++y) t += part[y][threadIdx.x];
+    out[j] = t;
+  }
+}
+
+__global__ void add_bias_kernel(float* y, const float* bias, size_t n, int cols) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    y[i] += bias[i % cols];
+  }
+}
+
+}  // namespace
+
+void gemm_strided_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                          const float* a, int lda, long long stride_a, const float* b, int ldb,
+                          long long stride_b, float beta, float* c, int ldc, long long stride_c,
+                          int batch, cublasHandle_t handle, cudaStream_t stream) {
+  STARLING_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  STARLING_CUBLAS_CHECK(cublasSgemmStridedBatched(
+      handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k,
+      &alpha, b, ldb, stride_b, a, lda, stride_a, &beta, c, ldc, stride_c, batch));
+}
+
+namespace {
+void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, int lda, const float* b,
+          int ldb, float* c, int ldc, cublasHandle_t handle, cudaStream_t stream) {
+  gemm_strided_batched(trans_a, trans_b, m, n, k, 1.0f, a, lda, 0, b, ldb, 0, 0.0f, c, ldc, 0, 1,
+                       handle, stream);
+}
+}  // namespace
+
+void matmul_forward(float* c, const float* a, const float* b, int m, int n, int k,
+                    cublasHandle_t handle, cudaStream_t stream) {
+  gemm(false, false, m, n, k, a, k, b, n, c, n, handle, stream);
+}
+
+void matmul_backward(float* da, float* db, const float* dc, const float* a, const float* b, int m,
+                     int n, int k, cublasHandle_t handle, cudaStream_t stream) {
+  if (da != nullptr) gemm(false, true, m, k, n, dc, n, b, n, da, k, handle, stream);
+  if (db != nullptr) gemm(true, false, k, n, m, a, k, dc, n, db, n, handle, stream);
+}
+
+void linear_forward(float* y, const float* x, const float* weight, const float* bias, int n, int in,
+                    int out, cublasHandle_t handle, cudaStream_t stream) {
+  gemm(false, true, n, out, in, x, in, weight, in, y, out, handle, stream);
+  if (bias != nullptr && n > 0) {
+    const size_t total = static_cast<size_t>(n) * out;
+    const long long blocks = (static_cast<long long>(total) + 255) / 256;
+    add_bias_kernel<<<static_cast<int>(blocks < 65535 * 16 ? blocks : 65535 * 16), 256, 0,
+                      stream>>>(y, bias, total, out);
+    STARLING_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
+                     const float* weight, int n, int in, int out, cublasHandle_t handle,
+                     cudaStream_t stream) {
+  if (dx != nullptr) gemm(false, false, n, in, out, dy, out, weight, in, dx, in, handle, stream);
+  if (dweight != nullptr)
+    gemm(true, false, out, in, n, dy, out, x, in, dweight, in, handle, stream);
+  if (dbias != nullptr && out > 0) {
+    column_sums_kernel<<<internal::ceil_div(out, 32), dim3(32, kRowLanes), 0, stream>>>(dbias, dy,
+                                                                                        n, out);
+    STARLING_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace starling::cuda

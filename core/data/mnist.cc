@@ -1,0 +1,99 @@
+// IDX parsing and gzip reading (zlib's gzread also passes raw files through).
+#include "core/data/mnist.h"
+
+#include <zlib.h>
+
+#include <memory>
+#include <string>
+
+#include "core/data/data_dir.h"
+
+namespace starling::data {
+namespace {
+
+struct GzClose {
+  void operator()(gzFile f) const { gzclose(f); }
+};
+
+Result<std::vector<uint8_t>> read_gz(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return not_found("no such file: " + path.string());
+  std::unique_ptr<gzFile_s, GzClose> f(gzopen(path.c_str(), "rb"));
+  if (!f) return internal_error("cannot open " + path.string());
+  std::vector<uint8_t> out;
+  std::vector<uint8_t> buf(1 << 20);
+  for (;;) {
+    const int n = gzread(f.get(), buf.data(), static_cast<unsigned>(buf.size()));
+    if (n < 0) {
+      int err = 0;
+      return data_loss(path.string() + ": " + gzerror(f.get(), &err));
+    }
+    if (n == 0) break;
+    out.insert(out.end(), buf.begin(), buf.begin() + n);
+  }
+  return out;
+}
+
+uint32_t be32(std::span<const uint8_t> b, size_t at) {
+  return (uint32_t{b[at]} << 24) | (uint32_t{b[at + 1]} << 16) | (uint32_t{b[at + 2]} << 8) |
+         uint32_t{b[at + 3]};
+}
+
+}  // namespace
+
+Result<MnistSet> parse_mnist(std::span<const uint8_t> images, std::span<const uint8_t> labels,
+                             std::string_view source) {
+  const std::string src(source);
+  if (images.size() < 16 || be32(images, 0) != 0x803) {
+    return data_loss(src + ": images are not an IDX3 ubyte file (magic 0x00000803)");
+  }
+  if (labels.size() < 8 || be32(labels, 0) != 0x801) {
+    return data_loss(src + ": labels are not an IDX1 ubyte file (magic 0x00000801)");
+  }
+  const uint64_t n = be32(images, 4);
+  const uint64_t rows = be32(images, 8);
+  const uint64_t cols = be32(images, 12);
+  if (rows == 0 || cols == 0 || rows > 4096 || cols > 4096 ||
+      images.size() - 16 != n * rows * cols) {
+    return data_loss(src + ": images header says " + std::to_string(n) + " x " +
+                     std::to_string(rows) + " x " + std::to_string(cols) + " but holds " +
+                     std::to_string(images.size() - 16) + " bytes");
+  }
+  if (be32(labels, 4) != n || labels.size() - 8 != n) {
+    return data_loss(src + ": " + std::to_string(n) + " images but " +
+                     std::to_string(labels.size() - 8) + " labels");
+  }
+  MnistSet set;
+  set.rows = static_cast<int64_t>(rows);
+  set.cols = static_cast<int64_t>(cols);
+  set.images.resize(n * rows * cols);
+  for (size_t i = 0; i < set.images.size(); ++i) {
+    set.images[i] = static_cast<float>(images[16 + i]) / 255.0f;
+  }
+  set.labels.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (labels[8 + i] > 9) {
+      return data_loss(src + ": label " + std::to_string(labels[8 + i]) + " at " +
+                       std::to_string(i) + " is not a digit class");
+    }
+    set.labels[i] = labels[8 + i];
+  }
+  return set;
+}
+
+Result<MnistSet> load_mnist(const std::filesystem::path& images,
+                            const std::filesystem::path& labels) {
+  ASSIGN_OR_RETURN(auto img, read_gz(images));
+  ASSIGN_OR_RETURN(auto lab, read_gz(labels));
+  return parse_mnist(img, lab, images.string());
+}
+
+Result<MnistSet> load_mnist_split(const std::filesystem::path& data_dir, std::string_view dataset,
+                                  bool train) {
+  const std::string prefix = std::string(dataset) + (train ? "-train-" : "-test-");
+  ASSIGN_OR_RETURN(auto images, resolve_dataset_file(data_dir, prefix + "images"));
+  ASSIGN_OR_RETURN(auto labels, resolve_dataset_file(data_dir, prefix + "labels"));
+  return load_mnist(images, labels);
+}
+
+}  // namespace starling::data

@@ -1,0 +1,71 @@
+// The edge client loop: connect with this node's certificate, receive a round plan and the
+// global model, train locally, send codec(local - global) with error feedback kept across
+// rounds, repeat; reconnect with backoff after failures or an aggregator restart.
+#pragma once
+
+#include <asio/io_context.hpp>
+#include <asio/ssl/context.hpp>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/compress/codec.h"
+#include "core/net/client.h"
+#include "core/util/status.h"
+#include "core/wire/messages.pb.h"
+
+namespace starling::edge_client {
+
+struct TrainReport {
+  uint64_t num_samples = 0;  // the update's weight in FedAvg
+  float loss = 0.0f;         // mean training loss of the round
+};
+
+// What a client trains. Injected, so tests can use a deterministic function.
+class LocalTrainer {
+ public:
+  virtual ~LocalTrainer() = default;
+  // The flat parameter layout; the global model and the delta follow it.
+  virtual const compress::Layout& layout() const = 0;
+  // Trains from `global` as `plan` asks and writes local - global into `delta`.
+  virtual Result<TrainReport> train(std::span<const float> global, const v1::RoundPlan& plan,
+                                    std::span<float> delta) = 0;
+};
+
+struct EdgeClientOptions {
+  net::ClientOptions connect;
+  std::string node_id;  // must match our certificate's CN
+  net::BackoffOptions backoff;
+  uint64_t seed = 1;  // codec randomness and backoff jitter
+  uint32_t chunk_bytes = 1u << 20;
+};
+
+// Not thread-safe: everything runs on the io_context thread (training included, so one client
+// per thread). The trainer must outlive the client. Destroying it aborts its connection.
+class EdgeClient {
+ public:
+  EdgeClient(asio::io_context& io, std::shared_ptr<asio::ssl::context> ctx,
+             EdgeClientOptions options, LocalTrainer& trainer);
+  ~EdgeClient();
+  EdgeClient(const EdgeClient&) = delete;
+  EdgeClient& operator=(const EdgeClient&) = delete;
+
+  // Connects (with retries) and loops until the aggregator ends the federation or stop().
+  void start();
+  void stop();
+  // The aggregator said the federation is complete.
+  bool finished() const;
+  // Stopped for good: finished, stop(), or a fatal error (see error()).
+  bool stopped() const;
+  const Status& error() const;
+  int rounds_trained() const;
+  int connections() const;  // successful connections so far
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace starling::edge_client

@@ -1,0 +1,83 @@
+// Local SGD on one MNIST partition.
+#include "edge_client/mnist_trainer.h"
+
+#include <cstring>
+
+#include "core/autograd/autograd.h"
+#include "core/ops/ops.h"
+#include "core/util/rng.h"
+#include "edge_client/model_params.h"
+
+namespace starling::edge_client {
+
+MnistTrainer::MnistTrainer(std::shared_ptr<const data::MnistSet> train,
+                           std::vector<int64_t> indices, MnistTrainerOptions options)
+    : data_(std::move(train)),
+      indices_(std::move(indices)),
+      options_(options),
+      model_(models::MlpConfig{data_->pixels(), options.hidden, 10}, 0),
+      layout_(layout_of(model_)) {}
+
+Result<TrainReport> MnistTrainer::train(std::span<const float> global, const v1::RoundPlan& plan,
+                                        std::span<float> delta) {
+  if (indices_.empty()) return failed_precondition("this client has no training examples");
+  if (plan.batch_size() == 0) return invalid_argument("round plan with batch size 0");
+  RETURN_IF_ERROR(load_flat(model_, global));
+  model_.train(true);
+  const int64_t n = static_cast<int64_t>(indices_.size());
+  const int64_t batch = std::min<int64_t>(plan.batch_size(), n);
+  const int64_t per_epoch = (n + batch - 1) / batch;
+  const int64_t steps = plan.local_steps() ? plan.local_steps() : per_epoch * options_.epochs;
+  const int64_t in = data_->pixels();
+  const auto params = model_.parameters();
+
+  Rng rng(plan.seed());
+  std::vector<int64_t> order = indices_;
+  double loss_sum = 0.0;
+  for (int64_t step = 0; step < steps; ++step) {
+    const int64_t pos = step % per_epoch;
+    if (pos == 0) {
+      for (size_t i = order.size(); i > 1; --i) {
+        std::swap(order[i - 1], order[static_cast<size_t>(rng.below(i))]);
+      }
+    }
+    const int64_t from = pos * batch;
+    const int64_t b = std::min(batch, n - from);
+    Tensor x = Tensor::uninitialized({b, in});
+    std::vector<int32_t> y(static_cast<size_t>(b));
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t ex = order[static_cast<size_t>(from + i)];
+      std::memcpy(x.data<float>() + i * in, data_->images.data() + ex * in,
+                  static_cast<size_t>(in) * sizeof(float));
+      y[static_cast<size_t>(i)] = data_->labels[static_cast<size_t>(ex)];
+    }
+    model_.zero_grad();
+    Tensor loss = ops::cross_entropy(model_.forward(x), Tensor::from_vector(y, {b}));
+    loss_sum += loss.item();
+    autograd::backward(loss);
+    autograd::NoGradGuard no_grad;
+    size_t offset = 0;
+    for (const auto& p : params) {
+      float* w = p.data<float>();
+      const Tensor g = p.grad();
+      const int64_t numel = p.numel();
+      if (g.defined()) {
+        const float* gd = g.data<float>();
+        const float* w0 = global.data() + offset;
+        const float mu = options_.prox_mu;
+        const float lr = plan.learning_rate();
+        for (int64_t i = 0; i < numel; ++i) {
+          const float grad = mu > 0 ? gd[i] + mu * (w[i] - w0[i]) : gd[i];
+          w[i] -= lr * grad;
+        }
+      }
+      offset += static_cast<size_t>(numel);
+    }
+  }
+  const auto local = flatten(model_);
+  for (size_t i = 0; i < local.size(); ++i) delta[i] = local[i] - global[i];
+  return TrainReport{static_cast<uint64_t>(n),
+                     static_cast<float>(loss_sum / static_cast<double>(steps))};
+}
+
+}  // namespace starling::edge_client

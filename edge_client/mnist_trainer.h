@@ -1,0 +1,39 @@
+// The local trainer of MNIST clients: the 2NN trained with minibatch SGD on this client's
+// partition for E epochs (or the plan's local steps), with FedProx's proximal term.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/data/mnist.h"
+#include "edge_client/edge_client.h"
+#include "models/mlp/mlp.h"
+
+namespace starling::edge_client {
+
+struct MnistTrainerOptions {
+  int64_t hidden = 200;
+  uint32_t epochs = 1;   // used when the plan's local_steps is 0
+  float prox_mu = 0.0f;  // FedProx: gradient += mu (w - w_global)
+};
+
+class MnistTrainer : public LocalTrainer {
+ public:
+  // `indices` select this client's examples of `train`. REQUIRES: non-empty.
+  MnistTrainer(std::shared_ptr<const data::MnistSet> train, std::vector<int64_t> indices,
+               MnistTrainerOptions options);
+  const compress::Layout& layout() const override { return layout_; }
+  // Batches are shuffled with the plan's seed, so a round repeats bit for bit.
+  Result<TrainReport> train(std::span<const float> global, const v1::RoundPlan& plan,
+                            std::span<float> delta) override;
+
+ private:
+  std::shared_ptr<const data::MnistSet> data_;
+  std::vector<int64_t> indices_;
+  MnistTrainerOptions options_;
+  models::Mlp model_;
+  compress::Layout layout_;
+};
+
+}  // namespace starling::edge_client

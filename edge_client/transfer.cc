@@ -1,0 +1,69 @@
+// Raw f32 payloads and the chunk pump.
+#include "edge_client/transfer.h"
+
+#include <bit>
+#include <cstring>
+
+namespace starling::edge_client {
+
+static_assert(std::endian::native == std::endian::little, "f32 payloads assume little-endian");
+
+std::string to_f32_bytes(std::span<const float> values) {
+  std::string out(values.size_bytes(), '\0');
+  if (!values.empty()) std::memcpy(out.data(), values.data(), values.size_bytes());
+  return out;
+}
+
+Status from_f32_bytes(std::string_view bytes, std::span<float> out) {
+  if (bytes.size() != out.size_bytes()) {
+    return data_loss("model payload of " + std::to_string(bytes.size()) + " bytes, expected " +
+                     std::to_string(out.size_bytes()) + " (" + std::to_string(out.size()) +
+                     " f32)");
+  }
+  if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+  return ok_status();
+}
+
+ChunkPump::ChunkPump(std::shared_ptr<net::Connection> conn,
+                     std::shared_ptr<const std::string> payload, uint64_t transfer_id,
+                     uint32_t chunk_bytes, std::string content_type, size_t high_water)
+    : conn_(conn),
+      payload_(std::move(payload)),
+      sender_(transfer_id, *payload_, chunk_bytes, std::move(content_type)),
+      high_water_(high_water) {}
+
+void ChunkPump::start() {
+  auto conn = conn_.lock();
+  if (!conn) return;
+  conn->set_drain_handler([weak = weak_from_this()] {
+    if (auto self = weak.lock()) self->pump();
+  });
+  pump();
+}
+
+void ChunkPump::resume_from(uint64_t index) {
+  if (index < next_) next_ = index;
+  pump();
+}
+
+void ChunkPump::cancel() {
+  cancelled_ = true;
+  if (auto conn = conn_.lock()) conn->set_drain_handler(nullptr);
+}
+
+void ChunkPump::pump() {
+  auto conn = conn_.lock();
+  if (!conn || cancelled_) return;
+  while (next_ < sender_.num_chunks() && conn->is_open() && conn->queued_bytes() < high_water_) {
+    auto chunk = sender_.chunk(next_);
+    if (!chunk.ok()) return;
+    v1::Envelope e;
+    *e.mutable_chunk() = std::move(*chunk);
+    const Status st = conn->send(e);
+    if (st.code() == StatusCode::kResourceExhausted) return;  // the drain handler resumes
+    if (!st.ok()) return;                                     // closing: nothing more to do
+    ++next_;
+  }
+}
+
+}  // namespace starling::edge_client

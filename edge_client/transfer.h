@@ -1,0 +1,59 @@
+// Pieces of the federation protocol shared by the aggregator and the edge client: the raw f32
+// model payload, a chunk pump that respects a connection's send queue, and the end-of-run Error.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/net/chunk_stream.h"
+#include "core/net/connection.h"
+#include "core/util/status.h"
+
+namespace starling::edge_client {
+
+// Content type of a model download: the flat parameter vector as little-endian f32.
+inline constexpr std::string_view kModelContentType = "f32";
+// Content type of an update: a serialized starling.v1.EncodedUpdate (core/compress).
+inline constexpr std::string_view kUpdateContentType = "encoded_update";
+// Error.message of the non-retryable Error the aggregator sends when the run is complete;
+// clients stop instead of reconnecting.
+inline constexpr std::string_view kFederationComplete = "federation complete";
+
+// Flat f32 vector <-> little-endian bytes. from_f32_bytes: DataLoss unless the payload holds
+// exactly `numel` floats.
+std::string to_f32_bytes(std::span<const float> values);
+Status from_f32_bytes(std::string_view bytes, std::span<float> out);
+
+// Sends the chunks of one transfer on a connection, as fast as its send queue allows: when the
+// queue holds more than `high_water` bytes it waits for the connection's drain handler.
+// The pump owns the payload. Not thread-safe (io_context thread only). At most one pump per
+// connection, since it takes over the drain handler; cancel() an old one before starting another.
+class ChunkPump : public std::enable_shared_from_this<ChunkPump> {
+ public:
+  ChunkPump(std::shared_ptr<net::Connection> conn, std::shared_ptr<const std::string> payload,
+            uint64_t transfer_id, uint32_t chunk_bytes, std::string content_type,
+            size_t high_water = 8u << 20);
+  const v1::TransferHeader& header() const { return sender_.header(); }
+  // Starts sending chunk 0 onward (call after the message carrying header() was sent).
+  void start();
+  // Resends from `index` (a ChunkAck from the receiver asked for it).
+  void resume_from(uint64_t index);
+  void cancel();
+  bool done() const { return next_ >= sender_.num_chunks(); }
+
+ private:
+  void pump();
+
+  std::weak_ptr<net::Connection> conn_;
+  std::shared_ptr<const std::string> payload_;
+  net::ChunkSender sender_;
+  size_t high_water_;
+  uint64_t next_ = 0;
+  bool cancelled_ = false;
+};
+
+}  // namespace starling::edge_client

@@ -1,0 +1,432 @@
+// Aggregator and edge clients over real mutual TLS on 127.0.0.1: the global model equals the
+// weighted average computed directly (exact inputs, bit for bit), drop-outs are tolerated, and
+// an aggregator destroyed mid-run resumes from its state directory to the same final model.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <memory>
+
+#include "aggregator/aggregator.h"
+#include "core/net/chunk_stream.h"
+#include "core/net/client.h"
+#include "core/net/hello.h"
+#include "edge_client/edge_client.h"
+#include "tests/testing/loopback.h"
+#include "tests/testing/tls_fixtures.h"
+
+namespace starling::aggregator {
+namespace {
+
+using edge_client::EdgeClient;
+using edge_client::EdgeClientOptions;
+using edge_client::LocalTrainer;
+using edge_client::TrainReport;
+using net::CertRole;
+using std::chrono::milliseconds;
+using testing::run_until;
+using testing::TestNode;
+using testing::TestPki;
+
+constexpr milliseconds kWait{20'000};
+constexpr uint64_t kWeights[] = {1, 1, 2, 4};  // sum 8: the mean is exact
+
+compress::Layout test_layout() { return {{"fc.weight", {3, 4}, 0}, {"fc.bias", {5}, 12}}; }
+constexpr int64_t kNumel = 17;
+
+std::vector<float> initial_model() {
+  std::vector<float> g(kNumel);
+  for (int64_t i = 0; i < kNumel; ++i) g[i] = static_cast<float>(i % 5 - 2);
+  return g;
+}
+
+// Client k's delta in round r: small integers, so that every sum is exact in any order.
+float formula_delta(int k, uint64_t round, int64_t i) {
+  return static_cast<float>(
+      static_cast<int64_t>((i * 7 + k * 3 + static_cast<int64_t>(round)) % 7) - 3);
+}
+
+// "Training" is a deterministic function of the client, the round and the global model.
+class FormulaTrainer : public LocalTrainer {
+ public:
+  FormulaTrainer(int k, int fail_in_round = 0) : k_(k), fail_in_round_(fail_in_round) {}
+  const compress::Layout& layout() const override { return layout_; }
+  Result<TrainReport> train(std::span<const float> global, const v1::RoundPlan& plan,
+                            std::span<float> delta) override {
+    if (static_cast<int>(plan.round()) == fail_in_round_) return internal_error("device lost");
+    seen.emplace_back(global.begin(), global.end());
+    for (int64_t i = 0; i < kNumel; ++i) delta[i] = formula_delta(k_, plan.round(), i);
+    return TrainReport{kWeights[k_], static_cast<float>(k_)};
+  }
+  std::vector<std::vector<float>> seen;
+
+ private:
+  int k_;
+  int fail_in_round_;
+  compress::Layout layout_ = test_layout();
+};
+
+net::TlsConfig tls_of(const TestPki& pki, const TestNode& node) {
+  return net::TlsConfig{pki.ca_pem(), node.cert_pem, node.key_pem, "", true};
+}
+
+std::shared_ptr<asio::ssl::context> ctx_of(const TestPki& pki, const TestNode& node,
+                                           net::TlsSide side) {
+  auto ctx = net::make_tls_context(tls_of(pki, node), side);
+  REQUIRE(ctx.ok());
+  return *ctx;
+}
+
+struct Federation {
+  explicit Federation(int n = 4) {
+    for (int k = 0; k < n; ++k) {
+      client_nodes.push_back(pki.issue("client-" + std::to_string(k), CertRole::kClient));
+    }
+  }
+  TestPki pki;
+  TestNode server = pki.issue("aggregator", CertRole::kServer);
+  std::vector<TestNode> client_nodes;
+
+  AggregatorOptions options(uint32_t rounds) const {
+    AggregatorOptions o;
+    o.num_rounds = rounds;
+    o.clients_per_round = 4;
+    o.min_available = 4;
+    o.round_deadline = milliseconds(5000);
+    o.codec = "identity";
+    o.server.connection.deadlines.handshake = milliseconds(2000);
+    return o;
+  }
+
+  std::unique_ptr<Aggregator> start_aggregator(asio::io_context& io, AggregatorOptions o) {
+    auto agg = Aggregator::create(io, ctx_of(pki, server, net::TlsSide::kServer), std::move(o),
+                                  test_layout(), initial_model());
+    REQUIRE(agg.ok());
+    return std::move(*agg);
+  }
+
+  std::unique_ptr<EdgeClient> start_client(asio::io_context& io, int k, uint16_t port,
+                                           LocalTrainer& trainer) {
+    EdgeClientOptions o;
+    o.connect.host = "127.0.0.1";
+    o.connect.port = port;
+    o.connect.server_name = "localhost";
+    o.node_id = "client-" + std::to_string(k);
+    o.backoff.initial = milliseconds(10);
+    o.backoff.max = milliseconds(100);
+    o.seed = static_cast<uint64_t>(k) + 1;
+    o.chunk_bytes = 16;  // several chunks per transfer
+    auto c = std::make_unique<EdgeClient>(
+        io, ctx_of(pki, client_nodes[static_cast<size_t>(k)], net::TlsSide::kClient), o, trainer);
+    c->start();
+    return c;
+  }
+};
+
+// The model after `rounds` rounds of FedAvg over all four clients, in double.
+std::vector<float> expected_fedavg(uint64_t rounds) {
+  std::vector<double> g(kNumel);
+  const auto init = initial_model();
+  for (int64_t i = 0; i < kNumel; ++i) g[i] = init[i];
+  for (uint64_t r = 1; r <= rounds; ++r) {
+    for (int64_t i = 0; i < kNumel; ++i) {
+      double s = 0;
+      for (int k = 0; k < 4; ++k) s += static_cast<double>(kWeights[k]) * formula_delta(k, r, i);
+      g[i] += s / 8.0;
+    }
+  }
+  return std::vector<float>(g.begin(), g.end());
+}
+
+bool bit_equal(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+}
+
+TEST_CASE("FedAvg over mutual TLS equals the weighted average, bit for bit", "[net]") {
+  Federation fed;
+  asio::io_context io;
+  auto agg = fed.start_aggregator(io, fed.options(3));
+  std::vector<std::unique_ptr<FormulaTrainer>> trainers;
+  std::vector<std::unique_ptr<EdgeClient>> clients;
+  for (int k = 0; k < 4; ++k) {
+    trainers.push_back(std::make_unique<FormulaTrainer>(k));
+    clients.push_back(fed.start_client(io, k, agg->port(), *trainers.back()));
+  }
+  REQUIRE(run_until(io, kWait, [&] {
+    return agg->done() &&
+           std::all_of(clients.begin(), clients.end(), [](const auto& c) { return c->finished(); });
+  }));
+  CHECK(agg->error().ok());
+  CHECK(agg->rounds_completed() == 3);
+  const auto expected = expected_fedavg(3);
+  CHECK(bit_equal(agg->global(), expected));
+  for (int k = 0; k < 4; ++k) {
+    CHECK(clients[static_cast<size_t>(k)]->rounds_trained() == 3);
+    // Each client saw the global model of the round before.
+    REQUIRE(trainers[static_cast<size_t>(k)]->seen.size() == 3);
+    CHECK(bit_equal(trainers[static_cast<size_t>(k)]->seen[2], expected_fedavg(2)));
+  }
+}
+
+TEST_CASE("a client that fails mid-round is tolerated", "[net]") {
+  Federation fed;
+  asio::io_context io;
+  auto o = fed.options(3);
+  o.clients_per_round = 3;
+  o.min_available = 3;
+  o.min_updates = 2;
+  o.round_deadline = milliseconds(3000);
+  o.over_selection = 0.5;  // all four selected, so client-3 is in round 2
+  auto agg = fed.start_aggregator(io, o);
+  std::vector<std::unique_ptr<FormulaTrainer>> trainers;
+  std::vector<std::unique_ptr<EdgeClient>> clients;
+  for (int k = 0; k < 4; ++k) {
+    trainers.push_back(std::make_unique<FormulaTrainer>(k, k == 3 ? 2 : 0));
+    clients.push_back(fed.start_client(io, k, agg->port(), *trainers.back()));
+  }
+  REQUIRE(run_until(io, kWait, [&] { return agg->done(); }));
+  CHECK(agg->error().ok());
+  CHECK(agg->rounds_completed() == 3);
+  CHECK_FALSE(clients[3]->error().ok());
+  for (const auto& g : agg->global()) CHECK(std::isfinite(g));
+}
+
+TEST_CASE("over-selection closes a round with the first updates", "[net]") {
+  Federation fed;
+  asio::io_context io;
+  auto o = fed.options(2);
+  o.clients_per_round = 2;
+  o.over_selection = 1.0;  // 4 selected, 2 awaited
+  std::vector<RoundReport> reports;
+  auto agg_r =
+      Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o, test_layout(),
+                         initial_model(), [&](const RoundReport& r, std::span<const float>) {
+                           reports.push_back(r);
+                           return true;
+                         });
+  REQUIRE(agg_r.ok());
+  auto& agg = *agg_r;
+  std::vector<std::unique_ptr<FormulaTrainer>> trainers;
+  std::vector<std::unique_ptr<EdgeClient>> clients;
+  for (int k = 0; k < 4; ++k) {
+    trainers.push_back(std::make_unique<FormulaTrainer>(k));
+    clients.push_back(fed.start_client(io, k, agg->port(), *trainers.back()));
+  }
+  REQUIRE(run_until(io, kWait, [&] { return agg->done(); }));
+  REQUIRE(reports.size() == 2);
+  for (const auto& r : reports) {
+    CHECK(r.selected == 4);
+    CHECK(r.updates == 2);
+  }
+}
+
+TEST_CASE("an aggregator destroyed mid-run resumes to the uninterrupted result", "[net]") {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("starling_resume_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  Federation fed;
+  auto options = [&](const std::string& state_dir) {
+    auto o = fed.options(6);
+    o.strategy.kind = StrategyKind::kFedAvgM;
+    o.strategy.momentum = 0.5f;  // dyadic: exact in any order
+    o.state_dir = state_dir;
+    return o;
+  };
+
+  std::vector<float> reference;
+  {
+    asio::io_context io;
+    auto agg = fed.start_aggregator(io, options(""));
+    std::vector<std::unique_ptr<FormulaTrainer>> trainers;
+    std::vector<std::unique_ptr<EdgeClient>> clients;
+    for (int k = 0; k < 4; ++k) {
+      trainers.push_back(std::make_unique<FormulaTrainer>(k));
+      clients.push_back(fed.start_client(io, k, agg->port(), *trainers.back()));
+    }
+    REQUIRE(run_until(io, kWait, [&] { return agg->done(); }));
+    reference.assign(agg->global().begin(), agg->global().end());
+  }
+
+  asio::io_context io;
+  auto agg = fed.start_aggregator(io, options(dir.string()));
+  const uint16_t port = agg->port();
+  std::vector<std::unique_ptr<FormulaTrainer>> trainers;
+  std::vector<std::unique_ptr<EdgeClient>> clients;
+  for (int k = 0; k < 4; ++k) {
+    trainers.push_back(std::make_unique<FormulaTrainer>(k));
+    clients.push_back(fed.start_client(io, k, port, *trainers.back()));
+  }
+  // Crash in round 4, after some of its updates were folded.
+  REQUIRE(run_until(io, kWait,
+                    [&] { return agg->rounds_completed() == 3 && agg->round_updates() >= 2; }));
+  const uint64_t before = agg->rounds_completed();
+  agg.reset();
+
+  auto o = options(dir.string());
+  o.server.port = port;
+  agg = fed.start_aggregator(io, o);
+  CHECK(agg->rounds_completed() == before);  // no completed round lost
+  REQUIRE(run_until(io, kWait, [&] {
+    return agg->done() &&
+           std::all_of(clients.begin(), clients.end(), [](const auto& c) { return c->finished(); });
+  }));
+  CHECK(agg->rounds_completed() == 6);
+  CHECK(bit_equal(agg->global(), reference));
+  for (const auto& c : clients) CHECK(c->connections() >= 2);  // they reconnected
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace starling::aggregator
+
+namespace starling::aggregator {
+namespace {
+
+// A hand-driven client: says Hello with `claimed_id`, and when a model arrives answers with
+// `payload` as its update.
+struct RawClient {
+  RawClient(asio::io_context& io, Federation& fed, int k, uint16_t port, std::string claimed_id,
+            std::string update_bytes)
+      : payload(std::move(update_bytes)) {
+    net::ClientOptions o;
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.server_name = "localhost";
+    net::connect(io,
+                 ctx_of(fed.pki, fed.client_nodes[static_cast<size_t>(k)], net::TlsSide::kClient),
+                 o, [this, claimed_id](Result<std::shared_ptr<net::Connection>> r) {
+                   REQUIRE(r.ok());
+                   conn = *r;
+                   conn->start([this](v1::Envelope e) { on_message(std::move(e)); },
+                               [this](const Status&) { closed = true; });
+                   v1::Envelope hello;
+                   *hello.mutable_hello() =
+                       net::make_hello(claimed_id, v1::ROLE_CLIENT, {"identity"}, 1u << 20);
+                   (void)conn->send(hello);
+                 });
+  }
+
+  void on_message(v1::Envelope e) {
+    if (e.has_round_plan()) plan = e.round_plan();
+    if (e.has_error()) errors.push_back(e.error().message());
+    if (!e.has_chunk() || sent) return;
+    sent = true;  // answer the first chunk of the model; the rest is ignored
+    net::ChunkSender sender(99, payload, 64);
+    v1::Envelope up;
+    auto* u = up.mutable_update_upload();
+    u->set_round(plan.round());
+    u->set_base_version(plan.model_version());
+    u->set_num_samples(1);
+    *u->mutable_transfer() = sender.header();
+    (void)conn->send(up);
+    for (uint64_t i = 0; i < sender.num_chunks(); ++i) {
+      v1::Envelope c;
+      *c.mutable_chunk() = *sender.chunk(i);
+      (void)conn->send(c);
+    }
+  }
+
+  std::string payload;
+  std::shared_ptr<net::Connection> conn;
+  v1::RoundPlan plan;
+  bool sent = false;
+  bool closed = false;
+  std::vector<std::string> errors;
+};
+
+TEST_CASE("non-finite and malformed updates are rejected, never folded", "[net]") {
+  Federation fed;
+  asio::io_context io;
+  auto o = fed.options(1);
+  o.clients_per_round = 3;
+  o.min_available = 3;
+  std::vector<RoundReport> reports;
+  auto agg_r =
+      Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o, test_layout(),
+                         initial_model(), [&](const RoundReport& r, std::span<const float>) {
+                           reports.push_back(r);
+                           return true;
+                         });
+  REQUIRE(agg_r.ok());
+  auto& agg = *agg_r;
+  compress::EncodedUpdate nan_update;
+  nan_update.numel = kNumel;
+  compress::Segment seg;
+  seg.numel = kNumel;
+  seg.shape = {kNumel};
+  seg.f32.assign(kNumel, 1.0f);
+  seg.f32[3] = std::numeric_limits<float>::quiet_NaN();
+  nan_update.segments.push_back(seg);
+  RawClient nan_client(io, fed, 1, agg->port(), "client-1", compress::serialize_update(nan_update));
+  RawClient junk_client(io, fed, 2, agg->port(), "client-2", std::string(100, '\xff'));
+  FormulaTrainer honest(0);
+  auto good = fed.start_client(io, 0, agg->port(), honest);
+
+  REQUIRE(
+      run_until(io, kWait, [&] { return agg->done() && nan_client.closed && junk_client.closed; }));
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].updates == 1);
+  CHECK(reports[0].rejected == 2);
+  REQUIRE_FALSE(nan_client.errors.empty());
+  CHECK_THAT(nan_client.errors[0], Catch::Contains("non-finite"));
+  // Only the honest update (client 0, weight 1) was folded.
+  const auto init = initial_model();
+  for (int64_t i = 0; i < kNumel; ++i) CHECK(agg->global()[i] == init[i] + formula_delta(0, 1, i));
+}
+
+TEST_CASE("a client claiming another identity is refused", "[net]") {
+  Federation fed;
+  asio::io_context io;
+  auto agg = fed.start_aggregator(io, fed.options(1));
+  RawClient impostor(io, fed, 1, agg->port(), "client-0", "");
+  REQUIRE(run_until(io, kWait, [&] { return impostor.closed; }));
+  CHECK(agg->registered_clients() == 0);
+  REQUIRE_FALSE(impostor.errors.empty());
+  CHECK_THAT(impostor.errors[0], Catch::Contains("certificate names 'client-1'"));
+}
+
+}  // namespace
+}  // namespace starling::aggregator
+
+namespace starling::aggregator {
+namespace {
+
+TEST_CASE("FedBuff steps the model every buffer_size updates", "[net]") {
+  Federation fed;
+  asio::io_context io;
+  auto o = fed.options(4);
+  o.buffer_size = 2;
+  o.clients_per_round = 3;  // three train at any time
+  std::vector<RoundReport> reports;
+  auto agg_r =
+      Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o, test_layout(),
+                         initial_model(), [&](const RoundReport& r, std::span<const float>) {
+                           reports.push_back(r);
+                           return true;
+                         });
+  REQUIRE(agg_r.ok());
+  auto& agg = *agg_r;
+  std::vector<std::unique_ptr<FormulaTrainer>> trainers;
+  std::vector<std::unique_ptr<EdgeClient>> clients;
+  for (int k = 0; k < 4; ++k) {
+    trainers.push_back(std::make_unique<FormulaTrainer>(k));
+    clients.push_back(fed.start_client(io, k, agg->port(), *trainers.back()));
+  }
+  REQUIRE(run_until(io, kWait, [&] { return agg->done(); }));
+  CHECK(agg->error().ok());
+  REQUIRE(reports.size() == 4);
+  for (const auto& r : reports) {
+    CHECK(r.updates == 2);
+    CHECK(r.rejected == 0);
+  }
+  int trained = 0;
+  for (const auto& c : clients) trained += c->rounds_trained();
+  CHECK(trained >= 8);
+  for (float g : agg->global()) CHECK(std::isfinite(g));
+}
+
+}  // namespace
+}  // namespace starling::aggregator
