@@ -38,17 +38,15 @@ TEST_CASE("openssl s_client sees TLS 1.3 and a client-certificate request", "[ne
   asio::io_context io;
   ServerOptions opts;
   opts.connection.deadlines.handshake = Millis(3000);
-  testing::LoopbackServer srv(io, TlsConfig{pki.ca_pem(), server.cert_pem, server.key_pem, "", true},
-                              opts);
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("starling_s_client_" + std::to_string(getpid()));
+  testing::LoopbackServer srv(
+      io, TlsConfig{pki.ca_pem(), server.cert_pem, server.key_pem, "", true}, opts);
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("starling_s_client_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  {
-    std::ofstream(dir / "ca.pem") << pki.ca_pem();
-  }
-  const std::string cmd = "echo | timeout 10 openssl s_client -connect 127.0.0.1:" +
-                          std::to_string(srv.port()) + " -servername localhost -CAfile " +
-                          (dir / "ca.pem").string() + " -verify_return_error 2>&1";
+  { std::ofstream(dir / "ca.pem") << pki.ca_pem(); }
+  const std::string cmd =
+      "echo | timeout 10 openssl s_client -connect 127.0.0.1:" + std::to_string(srv.port()) +
+      " -servername localhost -CAfile " + (dir / "ca.pem").string() + " -verify_return_error 2>&1";
   auto fut = std::async(std::launch::async, [cmd] { return run_command(cmd); });
   REQUIRE(testing::run_until(io, std::chrono::milliseconds(15000), [&] {
     return fut.wait_for(std::chrono::milliseconds(0)) == std::future_status::ready;
