@@ -8,8 +8,10 @@
 
 #include "apps/starling/commands.h"
 #include "core/config/toml_config.h"
+#include "core/io/safetensors.h"
 #include "models/gpt/checkpoint.h"
 #include "models/gpt/trainer.h"
+#include "models/mdlm/trainer.h"
 
 namespace starling::apps {
 
@@ -54,7 +56,8 @@ void register_train(CLI::App& app, CommandContext& ctx) {
     if (Status st = config::validate_run_config(cfg, *config_path); !st.ok()) {
       return fail(ctx, st.message());
     }
-    auto res = models::train_gpt(cfg, *config_path);
+    auto res = cfg.model().arch() == v1::ModelConfig::MDLM ? models::train_mdlm(cfg, *config_path)
+                                                           : models::train_gpt(cfg, *config_path);
     if (!res.ok()) return fail(ctx, res.status().message());
     std::printf("trained %lld steps in %.1f s: val loss %.4f (best %.4f), %.0f tokens/s\n",
                 static_cast<long long>(res->iters), res->seconds, res->val_loss, res->best_val_loss,
@@ -74,6 +77,7 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
     std::optional<int64_t> max_new_tokens, top_k;
     std::optional<double> temperature;
     std::optional<uint64_t> seed;
+    int64_t steps = 0;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("checkpoint,--checkpoint", o->checkpoint,
@@ -86,6 +90,8 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--temperature", o->temperature, "Softmax temperature");
   cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0: all)");
   cmd->add_option("--seed", o->seed, "Sampling seed");
+  cmd->add_option("--steps", o->steps,
+                  "Denoising steps of a masked diffusion (MDLM) checkpoint (0: [diffusion])");
   cmd->add_option("--data-dir", o->data_dir, "Data directory (GPT-2 tokenizer files)");
   cmd->callback([&ctx, o]() {
     std::string ckpt = o->checkpoint;
@@ -96,6 +102,19 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
       ckpt = (std::filesystem::path(cfg->train().out_dir()) / "ckpt.safetensors").string();
     }
     if (ckpt.empty()) ckpt = "runs/gpt_char_cpu/ckpt.safetensors";
+    {
+      // Masked diffusion checkpoints sample with their own (non-autoregressive) sampler.
+      auto file = io::load_safetensors(ckpt);
+      if (!file.ok()) return fail(ctx, file.status().message());
+      auto it = file->metadata.find("format");
+      if (it != file->metadata.end() && it->second == "starling.mdlm.v1") {
+        auto text = models::sample_mdlm_checkpoint(ckpt, o->steps, o->temperature.value_or(1.0),
+                                                   o->seed.value_or(1337), 1);
+        if (!text.ok()) return fail(ctx, text.status().message());
+        std::cout << *text << std::endl;
+        return;
+      }
+    }
     auto loaded = models::load_gpt_checkpoint(ckpt, o->data_dir);
     if (!loaded.ok()) return fail(ctx, loaded.status().message());
     const auto& sc = loaded->config.sample();

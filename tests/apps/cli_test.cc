@@ -81,6 +81,29 @@ TEST_CASE("cli: train a tiny GPT on a text file, then sample from it", "[apps]")
   REQUIRE(s2.out == s.out);
 }
 
+TEST_CASE("cli: train and sample a tiny masked diffusion LM", "[apps]") {
+  const fs::path d = temp_dir("mdlm");
+  std::string corpus;
+  for (int i = 0; i < 100; ++i) corpus += "the quick brown fox jumps over the lazy dog.\n";
+  write(d / "corpus.txt", corpus);
+  write(d / "mdlm.toml",
+        "[model]\narch = \"mdlm\"\nblock_size = 16\nn_layer = 1\nn_head = 2\n"
+        "n_embd = 16\ncausal = false\n[data]\npath = \"" +
+            (d / "corpus.txt").string() +
+            "\"\n[train]\nbatch_size = 4\nmax_iters = 4\nwarmup_iters = 1\n"
+            "lr_decay_iters = 4\neval_interval = 2\neval_iters = 1\nlog_interval = 2\n"
+            "threads = 1\nout_dir = \"" +
+            (d / "out").string() + "\"\n[diffusion]\nsampling_steps = 8\n");
+  Run t = run("train -c " + (d / "mdlm.toml").string());
+  INFO(t.out);
+  REQUIRE(t.rc == 0);
+  REQUIRE(fs::exists(d / "out" / "ckpt.safetensors"));
+  Run s = run("sample " + (d / "out" / "ckpt.safetensors").string() + " --steps 8 --seed 2");
+  INFO(s.out);
+  REQUIRE(s.rc == 0);
+  REQUIRE(s.out.size() >= 16);  // one sample of T = 16 characters
+}
+
 TEST_CASE("cli: bad configs and checkpoints give one clear error and a non-zero exit", "[apps]") {
   const fs::path d = temp_dir("errors");
   SECTION("missing config file") {

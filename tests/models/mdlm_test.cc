@@ -123,7 +123,7 @@ TEST_CASE("mdlm loss is (1/t) * CE on masked positions per token, SUBS drops [MA
   want /= 2.0 * kT;
   REQUIRE(got == Approx(want).epsilon(1e-5));
 
-  // Nothing masked: no loss. Everything but one token unmasked changes nothing elsewhere.
+  // Nothing masked: no loss.
   REQUIRE(m.loss(x0, t, x0).item() == 0.0);
 }
 
