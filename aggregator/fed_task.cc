@@ -32,8 +32,10 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
   check(c.local().local_steps() > 0 || c.local().epochs() > 0, "local.epochs",
         "must be positive when local.local_steps is 0");
   check(c.local().prox_mu() >= 0, "local.prox_mu", "must be >= 0");
-  check(compress::parse_codec_spec(c.local().codec()).ok(), "local.codec",
-        "is not a codec spec (e.g. \"identity\", \"topk:ratio=0.01,ef=1\")");
+  if (auto cs = compress::parse_compression_spec(c.local().codec()); !cs.ok()) {
+    check(false, "local.codec",
+          (cs.status().message() + " (e.g. \"topk:ratio=0.01,ef=1;*.bias=identity\")").c_str());
+  }
   check(c.data().num_clients() > 0, "data.num_clients", "must be positive");
   check(c.data().alpha() > 0, "data.alpha", "must be positive");
   check(c.data().shards_per_client() > 0, "data.shards_per_client", "must be positive");

@@ -98,8 +98,7 @@ Result<std::unique_ptr<Codec>> make_codec(const CompressionSpec& spec, Layout la
 }
 
 Result<std::unique_ptr<Codec>> make_codec(std::string_view spec, Layout layout, uint64_t seed) {
-  CompressionSpec cs;
-  ASSIGN_OR_RETURN(cs.default_spec, parse_codec_spec(spec));
+  ASSIGN_OR_RETURN(CompressionSpec cs, parse_compression_spec(spec));
   return make_codec(cs, std::move(layout), seed);
 }
 

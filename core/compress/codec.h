@@ -110,7 +110,7 @@ class Codec {
 // from streams forked from `seed`, so two codecs made alike encode alike.
 Result<std::unique_ptr<Codec>> make_codec(const CompressionSpec& spec, Layout layout,
                                           uint64_t seed);
-// Shorthand for one spec string for every tensor, e.g. "topk:ratio=0.01,ef=1".
+// From the text form of parse_compression_spec, e.g. "topk:ratio=0.01,ef=1;*.bias=identity".
 Result<std::unique_ptr<Codec>> make_codec(std::string_view spec, Layout layout, uint64_t seed);
 
 // Error feedback (EF-SGD, EF21-style residual kept by the sender). encode(delta):

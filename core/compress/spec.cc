@@ -281,4 +281,28 @@ Status CompressionSpec::add_override(std::string glob, std::string_view spec_tex
   return ok_status();
 }
 
+Result<CompressionSpec> parse_compression_spec(std::string_view text) {
+  CompressionSpec cs;
+  size_t start = 0;
+  bool first = true;
+  while (start <= text.size()) {
+    const size_t semi = text.find(';', start);
+    const std::string_view part = trim(
+        text.substr(start, semi == std::string_view::npos ? std::string_view::npos : semi - start));
+    if (first) {
+      ASSIGN_OR_RETURN(cs.default_spec, parse_codec_spec(part));
+      first = false;
+    } else {
+      const size_t eq = part.find('=');
+      if (part.empty() || eq == std::string_view::npos || eq == 0) {
+        return invalid_argument("override '" + std::string(part) + "': expected GLOB=SPEC");
+      }
+      RETURN_IF_ERROR(cs.add_override(std::string(trim(part.substr(0, eq))), part.substr(eq + 1)));
+    }
+    if (semi == std::string_view::npos) break;
+    start = semi + 1;
+  }
+  return cs;
+}
+
 }  // namespace starling::compress

@@ -73,4 +73,9 @@ struct CompressionSpec {
   Status add_override(std::string glob, std::string_view spec_text);
 };
 
+// Parses a CompressionSpec: "DEFAULT[;GLOB=SPEC]...", e.g.
+// "topk:ratio=0.01,ef=1;*.bias=identity;*ln_*=identity" (the first '=' of an override splits
+// the glob from its spec; the first matching override wins). Errors name the part at fault.
+Result<CompressionSpec> parse_compression_spec(std::string_view text);
+
 }  // namespace starling::compress

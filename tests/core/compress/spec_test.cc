@@ -73,3 +73,20 @@ TEST_CASE("glob_match", "[compress]") {
 }
 
 }  // namespace starling::compress
+
+TEST_CASE("compression spec text: default plus per-tensor overrides", "[compress]") {
+  using starling::compress::parse_compression_spec;
+  auto cs = parse_compression_spec("topk:ratio=0.01,ef=1; *.bias=identity ;ln_*=bf16");
+  REQUIRE(cs.ok());
+  REQUIRE(cs->overrides.size() == 2);
+  REQUIRE(cs->overrides[0].glob == "*.bias");
+  REQUIRE(cs->spec_for("fc1.bias").kind == starling::compress::CodecKind::kIdentity);
+  REQUIRE(cs->spec_for("ln_f.weight").kind == starling::compress::CodecKind::kBf16);
+  REQUIRE(cs->spec_for("fc1.weight").kind == starling::compress::CodecKind::kTopk);
+  REQUIRE(parse_compression_spec("identity").ok());
+  REQUIRE_FALSE(parse_compression_spec("identity;*.bias").ok());
+  REQUIRE_FALSE(parse_compression_spec("identity;=fp16").ok());
+  auto bad = parse_compression_spec("identity;*.bias=zip");
+  REQUIRE_FALSE(bad.ok());
+  REQUIRE_THAT(bad.status().message(), Catch::Contains("*.bias"));
+}
