@@ -22,7 +22,7 @@ TEST_CASE("every federation config in configs/ loads", "[aggregator]") {
     REQUIRE(c.ok());
     const auto o = aggregator_options(*c);
     CHECK(o.num_rounds == c->rounds().num_rounds());
-    CHECK(compress::parse_codec_spec(o.codec).ok());
+    CHECK(compress::parse_compression_spec(o.codec).ok());
   }
   CHECK(found >= 3);
 }
