@@ -14,8 +14,9 @@ namespace starling::models {
 
 namespace {
 constexpr const char* kFormat = "starling.gpt.v1";
+}  // namespace
 
-std::string to_hex(const std::string& s) {
+std::string hex_encode(const std::string& s) {
   static const char* kDigits = "0123456789abcdef";
   std::string out;
   for (unsigned char c : s) {
@@ -25,7 +26,7 @@ std::string to_hex(const std::string& s) {
   return out;
 }
 
-Result<std::string> from_hex(const std::string& h) {
+Result<std::string> hex_decode(const std::string& h) {
   if (h.size() % 2 != 0) return data_loss("odd-length hex");
   std::string out;
   for (size_t i = 0; i < h.size(); i += 2) {
@@ -35,7 +36,6 @@ Result<std::string> from_hex(const std::string& h) {
   }
   return out;
 }
-}  // namespace
 
 Result<std::unique_ptr<data::Tokenizer>> make_tokenizer(const v1::DataConfig& d,
                                                         const std::string& corpus,
@@ -56,7 +56,7 @@ Status save_gpt_checkpoint(const std::filesystem::path& path, const Gpt& model,
   meta["config"] = config::to_toml(config);
   meta["tokenizer"] = tokenizer.name();
   if (const auto* ct = dynamic_cast<const data::CharTokenizer*>(&tokenizer)) {
-    meta["tokenizer.vocab"] = to_hex(ct->vocab());
+    meta["tokenizer.vocab"] = hex_encode(ct->vocab());
   }
   meta["iter"] = std::to_string(info.iter);
   meta["train_loss"] = std::to_string(info.train_loss);
@@ -85,7 +85,7 @@ Result<LoadedGpt> load_gpt_checkpoint(const std::filesystem::path& path,
   ASSIGN_OR_RETURN(std::string tok, get("tokenizer"));
   if (tok == "char") {
     ASSIGN_OR_RETURN(std::string hex, get("tokenizer.vocab"));
-    auto vocab = from_hex(hex);
+    auto vocab = hex_decode(hex);
     if (!vocab.ok())
       return data_loss(where + ": metadata 'tokenizer.vocab': " + vocab.status().message());
     ASSIGN_OR_RETURN(auto ct, data::CharTokenizer::from_vocab(*vocab), where);

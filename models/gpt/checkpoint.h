@@ -37,6 +37,11 @@ struct LoadedGpt {
 Result<LoadedGpt> load_gpt_checkpoint(const std::filesystem::path& path,
                                       const std::string& data_dir_override = "");
 
+// Hex form of a char tokenizer's vocabulary in checkpoint metadata (any bytes stay valid
+// UTF-8 JSON). hex_decode returns DataLoss for odd lengths or non-hex digits.
+std::string hex_encode(const std::string& bytes);
+Result<std::string> hex_decode(const std::string& hex);
+
 // Builds the tokenizer named by the config: CHAR from `corpus`, GPT2 from <data_dir>/gpt2.
 Result<std::unique_ptr<data::Tokenizer>> make_tokenizer(const v1::DataConfig& data,
                                                         const std::string& corpus,

@@ -11,32 +11,12 @@
 #include "core/data/char_tokenizer.h"
 #include "core/data/data_dir.h"
 #include "core/io/safetensors.h"
+#include "models/gpt/checkpoint.h"
 
 namespace starling::models {
 
 namespace {
 constexpr const char* kFormat = "starling.mdlm.v1";
-
-std::string to_hex(const std::string& s) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : s) {
-    out += kDigits[c >> 4];
-    out += kDigits[c & 15];
-  }
-  return out;
-}
-
-Result<std::string> from_hex(const std::string& h) {
-  if (h.size() % 2 != 0) return data_loss("odd-length hex");
-  std::string out;
-  for (size_t i = 0; i < h.size(); i += 2) {
-    unsigned v = 0;
-    if (std::sscanf(h.c_str() + i, "%2x", &v) != 1) return data_loss("bad hex digit");
-    out += static_cast<char>(v);
-  }
-  return out;
-}
 }  // namespace
 
 Status save_mdlm_checkpoint(const std::filesystem::path& path, const Mdlm& model,
@@ -47,7 +27,7 @@ Status save_mdlm_checkpoint(const std::filesystem::path& path, const Mdlm& model
   meta["config"] = config::to_toml(config);
   meta["tokenizer"] = tokenizer.name();
   if (const auto* ct = dynamic_cast<const data::CharTokenizer*>(&tokenizer)) {
-    meta["tokenizer.vocab"] = to_hex(ct->vocab());
+    meta["tokenizer.vocab"] = hex_encode(ct->vocab());
   }
   meta["iter"] = std::to_string(info.iter);
   meta["train_loss"] = std::to_string(info.train_loss);
@@ -77,7 +57,7 @@ Result<LoadedMdlm> load_mdlm_checkpoint(const std::filesystem::path& path,
   ASSIGN_OR_RETURN(std::string tok, get("tokenizer"));
   if (tok == "char") {
     ASSIGN_OR_RETURN(std::string hex, get("tokenizer.vocab"));
-    auto vocab = from_hex(hex);
+    auto vocab = hex_decode(hex);
     if (!vocab.ok()) {
       return data_loss(where + ": metadata 'tokenizer.vocab': " + vocab.status().message());
     }

@@ -158,3 +158,12 @@ TEST_CASE("sampling is deterministic for a seed and respects top-k 1", "[models]
   }
   REQUIRE(greedy[10] == best);
 }
+
+TEST_CASE("checkpoint vocabulary hex helpers round trip and reject bad input", "[models]") {
+  const std::string bytes("\n !A\xff\x00", 6);
+  auto back = models::hex_decode(models::hex_encode(bytes));
+  REQUIRE(back.ok());
+  REQUIRE(*back == bytes);
+  REQUIRE_FALSE(models::hex_decode("abc").ok());
+  REQUIRE_FALSE(models::hex_decode("zz").ok());
+}
