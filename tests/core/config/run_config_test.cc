@@ -221,13 +221,17 @@ TEST_CASE("validate_run_config rejects impossible values and names each key", "[
 }
 
 TEST_CASE("every run config in configs/ loads and validates", "[config]") {
-  // fed_*.toml are federation configs, loaded by tests/aggregator/fed_config_test.cc.
+  // fed_*.toml and sim_*.toml are federation configs (tests/aggregator/fed_config_test.cc,
+  // tests/sim/), gossip_*.toml peer configs (tests/gossip/).
   const fs::path dir = fs::path(STARLING_SOURCE_DIR) / "configs";
   if (!fs::is_directory(dir)) return;
   int loaded = 0;
   for (const auto& entry : fs::directory_iterator(dir)) {
     if (entry.path().extension() != ".toml") continue;
-    if (entry.path().filename().string().rfind("fed_", 0) == 0) continue;
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("fed_", 0) == 0 || name.rfind("sim_", 0) == 0 || name.rfind("gossip_", 0) == 0) {
+      continue;
+    }
     ++loaded;
     auto c = load_run_config(entry.path());
     INFO(c.status().to_string());
