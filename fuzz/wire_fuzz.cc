@@ -1,9 +1,13 @@
 // libFuzzer target: bytes from a peer, fed to the frame decoder in fuzzer-chosen pieces, each
-// complete frame decoded as an Envelope. Must never crash, leak or hang.
+// complete frame decoded as an Envelope. Must never crash, leak or hang. The zero-copy chunk
+// parser is checked against protobuf on every frame: whatever it accepts, protobuf must parse
+// to the same chunk.
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string_view>
 
+#include "core/wire/chunk_frame.h"
 #include "core/wire/envelope.h"
 #include "core/wire/frame.h"
 
@@ -21,7 +25,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto frame = dec.next();
       if (!frame.ok() || !frame->has_value()) break;
       auto env = starling::wire::decode_envelope(**frame);
-      (void)env;
+      if (const auto chunk = starling::wire::parse_chunk_envelope(**frame)) {
+        if (!env.ok() || !env->has_chunk()) std::abort();
+        const auto& c = env->chunk();
+        if (c.transfer_id() != chunk->transfer_id || c.index() != chunk->index ||
+            c.data() != chunk->data || c.crc32c() != chunk->crc32c) {
+          std::abort();
+        }
+      }
     }
   }
   return 0;

@@ -101,7 +101,12 @@ Status issue(const IssueArgs& a) {
   spec.role = role;
   spec.sans = split_sans(a.sans);
   spec.valid_until_s = int64_t{a.days} * 86400;
-  ASSIGN_OR_RETURN(net::Credential node, net::issue_cert(ca, spec));
+  net::IssueNotes notes;
+  ASSIGN_OR_RETURN(net::Credential node, net::issue_cert(ca, spec, &notes));
+  if (notes.not_after_capped) {
+    std::cerr << "starling certs issue: " << a.name << ".crt is valid until " << notes.not_after
+              << ", when the CA expires, not for the " << a.days << " days asked for\n";
+  }
   RETURN_IF_ERROR(make_dir(a.out));
   RETURN_IF_ERROR(write_credential(a.out, a.name, node));
   // Nodes need the CA certificate to verify their peers; put it beside theirs.

@@ -9,6 +9,7 @@
 #include <openssl/pem.h>
 #include <openssl/rand.h>
 #include <openssl/x509v3.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -48,6 +49,12 @@ std::string bio_string(BIO* bio) {
   char* data = nullptr;
   const long n = BIO_get_mem_data(bio, &data);
   return n > 0 ? std::string(data, static_cast<size_t>(n)) : std::string();
+}
+
+std::string asn1_time_text(const ASN1_TIME* t) {
+  BioPtr bio(BIO_new(BIO_s_mem()));
+  if (!bio || ASN1_TIME_print(bio.get(), t) != 1) return "(unreadable time)";
+  return bio_string(bio.get());
 }
 
 BioPtr read_bio(std::string_view pem) {
@@ -159,10 +166,39 @@ Result<Credential> make_ca(const CertSpec& spec) {
   return Credential{std::move(cert), std::move(key)};
 }
 
-Result<Credential> issue_cert(const Credential& ca, const CertSpec& spec) {
+Result<Credential> issue_cert(const Credential& ca, const CertSpec& spec, IssueNotes* notes) {
   if (spec.role == CertRole::kCa) return invalid_argument("issue_cert cannot make a CA");
+  const ASN1_TIME* ca_not_after = X509_get0_notAfter(ca.cert.get());
+  if (X509_cmp_current_time(ca_not_after) <= 0) {
+    return failed_precondition("the CA certificate expired on " + asn1_time_text(ca_not_after) +
+                               ": make a new CA before issuing certificates");
+  }
   ASSIGN_OR_RETURN(PkeyPtr key, generate_ec_key());
   ASSIGN_OR_RETURN(X509Ptr cert, new_cert(spec, key.get()));
+  IssueNotes local;
+  IssueNotes& n = notes != nullptr ? *notes : local;
+  n = IssueNotes{};
+  const int order = ASN1_TIME_compare(X509_get0_notAfter(cert.get()), ca_not_after);
+  if (order == -2) return ssl_error("comparing validity with the CA's");
+  if (order > 0) {
+    if (X509_set1_notAfter(cert.get(), ca_not_after) != 1) return ssl_error("validity");
+    n.not_after_capped = true;
+  }
+  n.not_after = asn1_time_text(X509_get0_notAfter(cert.get()));
+  // A cap of less than a day (a CA and its nodes made together, as simulations do) is not news.
+  int cap_days = 0;
+  int cap_secs = 0;
+  if (n.not_after_capped) {
+    const int64_t asked = spec.valid_until_s;
+    ASN1_TIME_diff(&cap_days, &cap_secs, nullptr, ca_not_after);
+    const int64_t granted = int64_t{cap_days} * 86400 + cap_secs;
+    cap_days = static_cast<int>((asked - granted) / 86400);
+  }
+  if (n.not_after_capped && notes == nullptr && cap_days >= 1) {
+    spdlog::warn(
+        "certs: the certificate for '{}' ends with its CA on {}, before the {} s asked for",
+        spec.common_name, n.not_after, spec.valid_until_s);
+  }
   if (X509_set_issuer_name(cert.get(), X509_get_subject_name(ca.cert.get())) != 1) {
     return ssl_error("issuer name");
   }

@@ -57,8 +57,19 @@ struct Credential {
 Result<PkeyPtr> generate_ec_key();  // P-256
 // Self-signed CA. REQUIRES: spec.role == kCa.
 Result<Credential> make_ca(const CertSpec& spec);
-// A certificate signed by `ca` with a fresh key and a random 127-bit serial.
-Result<Credential> issue_cert(const Credential& ca, const CertSpec& spec);
+// What issue_cert() changed from the request.
+struct IssueNotes {
+  // The requested notAfter lay beyond the CA's, so the certificate ends with the CA instead
+  // (a chain is only valid while every certificate in it is).
+  bool not_after_capped = false;
+  std::string not_after;  // the certificate's notAfter, e.g. "Nov 29 23:24:26 2036 GMT"
+};
+
+// A certificate signed by `ca` with a fresh key and a random 127-bit serial. Its notAfter is
+// capped at the CA's; the cap is reported in `notes` when given, else logged as a warning.
+// FailedPrecondition when the CA has already expired.
+Result<Credential> issue_cert(const Credential& ca, const CertSpec& spec,
+                              IssueNotes* notes = nullptr);
 // A CRL signed by `ca`, listing `revoked`, valid for `valid_days`.
 Result<X509CrlPtr> make_crl(const Credential& ca, const std::vector<const X509*>& revoked,
                             int valid_days = 30);

@@ -2,6 +2,11 @@
 #include "core/net/chunk_stream.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "core/wire/crc32c.h"
 
@@ -34,26 +39,103 @@ ChunkSender::ChunkSender(uint64_t transfer_id, std::string_view payload, uint32_
   header_.set_content_type(std::move(content_type));
 }
 
-Result<v1::Chunk> ChunkSender::chunk(uint64_t index) const {
+Result<wire::ChunkView> ChunkSender::chunk_view(uint64_t index) const {
   if (index >= num_chunks()) {
     return out_of_range("chunk " + std::to_string(index) + " of a transfer of " +
                         std::to_string(num_chunks()));
   }
   const uint64_t offset = index * header_.chunk_bytes();
   const std::string_view data = payload_.substr(offset, header_.chunk_bytes());
+  return wire::ChunkView{header_.transfer_id(), index, data, wire::crc32c(data)};
+}
+
+Result<v1::Chunk> ChunkSender::chunk(uint64_t index) const {
+  ASSIGN_OR_RETURN(const wire::ChunkView view, chunk_view(index));
   v1::Chunk c;
-  c.set_transfer_id(header_.transfer_id());
-  c.set_index(index);
-  c.set_data(std::string(data));
-  c.set_crc32c(wire::crc32c(data));
+  c.set_transfer_id(view.transfer_id);
+  c.set_index(view.index);
+  c.set_data(std::string(view.data));
+  c.set_crc32c(view.crc32c);
   return c;
 }
 
+// SHA-256 on a helper thread: update() copies the bytes into a recycled buffer and returns;
+// finish() waits for the queue to drain.
+class ChunkReceiver::BackgroundHash {
+ public:
+  BackgroundHash() : thread_([this] { run(); }) {}
+  ~BackgroundHash() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  BackgroundHash(const BackgroundHash&) = delete;
+  BackgroundHash& operator=(const BackgroundHash&) = delete;
+
+  void update(std::string_view data) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock,
+             [&] { return pending_bytes_ == 0 || pending_bytes_ + data.size() <= kMaxPending; });
+    std::string buf;
+    if (!free_.empty()) {
+      buf = std::move(free_.back());
+      free_.pop_back();
+    }
+    pending_bytes_ += data.size();
+    lock.unlock();
+    buf.assign(data);  // the copy runs outside the lock
+    lock.lock();
+    pending_.push_back(std::move(buf));
+    cv_.notify_all();
+  }
+
+  std::string finish() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return pending_bytes_ == 0; });
+    return sha_.finish();  // the worker is idle: nothing is pending
+  }
+
+ private:
+  static constexpr size_t kMaxPending = 8u << 20;
+  static constexpr size_t kMaxFree = 4;
+
+  void run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+      if (stop_) return;
+      std::string buf = std::move(pending_.front());
+      pending_.pop_front();
+      lock.unlock();
+      sha_.update(buf);
+      lock.lock();
+      pending_bytes_ -= buf.size();
+      if (free_.size() < kMaxFree) free_.push_back(std::move(buf));
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::string> pending_;
+  std::vector<std::string> free_;
+  size_t pending_bytes_ = 0;  // queued or being hashed
+  bool stop_ = false;
+  Sha256 sha_;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
 ChunkReceiver::ChunkReceiver(const v1::TransferHeader& header, Sink sink)
     : header_(header), sink_(std::move(sink)) {}
+ChunkReceiver::~ChunkReceiver() = default;
+ChunkReceiver::ChunkReceiver(ChunkReceiver&&) noexcept = default;
+ChunkReceiver& ChunkReceiver::operator=(ChunkReceiver&&) noexcept = default;
 
 Result<ChunkReceiver> ChunkReceiver::create(const v1::TransferHeader& header,
-                                            uint64_t max_total_bytes, Sink sink) {
+                                            uint64_t max_total_bytes, Sink sink, Hashing hashing) {
   const std::string id = "transfer " + std::to_string(header.transfer_id());
   if (header.total_bytes() > max_total_bytes) {
     return resource_exhausted(id + " of " + std::to_string(header.total_bytes()) +
@@ -65,42 +147,55 @@ Result<ChunkReceiver> ChunkReceiver::create(const v1::TransferHeader& header,
     return invalid_argument(id + ": inconsistent chunk size and count");
   }
   if (header.sha256().size() != 32) return invalid_argument(id + ": SHA-256 must be 32 bytes");
-  return ChunkReceiver(header, std::move(sink));
+  ChunkReceiver r(header, std::move(sink));
+  if (hashing == Hashing::kBackground) r.background_ = std::make_unique<BackgroundHash>();
+  return r;
 }
 
 Result<ChunkReceiver> ChunkReceiver::create_buffered(const v1::TransferHeader& header,
-                                                     uint64_t max_total_bytes) {
+                                                     uint64_t max_total_bytes, Hashing hashing) {
   auto buffer = std::make_shared<std::string>();
-  ASSIGN_OR_RETURN(ChunkReceiver r,
-                   create(header, max_total_bytes, [buffer](uint64_t, std::string_view data) {
-                     buffer->append(data);
-                     return ok_status();
-                   }));
+  ASSIGN_OR_RETURN(ChunkReceiver r, create(
+                                        header, max_total_bytes,
+                                        [buffer](uint64_t, std::string_view data) {
+                                          buffer->append(data);
+                                          return ok_status();
+                                        },
+                                        hashing));
   buffer->reserve(header.total_bytes());
   r.buffer_ = buffer;
   return r;
 }
 
-Status ChunkReceiver::accept(const v1::Chunk& chunk) {
-  const std::string id = "transfer " + std::to_string(header_.transfer_id()) + " chunk " +
-                         std::to_string(chunk.index());
-  if (chunk.transfer_id() != header_.transfer_id()) {
-    return invalid_argument(id + " belongs to transfer " + std::to_string(chunk.transfer_id()));
+Status ChunkReceiver::accept(const v1::Chunk& chunk) { return accept(wire::view_of(chunk)); }
+
+Status ChunkReceiver::accept(const wire::ChunkView& chunk) {
+  // The id string is built only on the error paths: this runs once per chunk.
+  const auto id = [&] {
+    return "transfer " + std::to_string(header_.transfer_id()) + " chunk " +
+           std::to_string(chunk.index);
+  };
+  if (chunk.transfer_id != header_.transfer_id()) {
+    return invalid_argument(id() + " belongs to transfer " + std::to_string(chunk.transfer_id));
   }
-  if (chunk.index() < next_index_) return ok_status();  // a resend we already have
-  if (chunk.index() > next_index_) {
-    return out_of_range(id + " arrived before chunk " + std::to_string(next_index_));
+  if (chunk.index < next_index_) return ok_status();  // a resend we already have
+  if (chunk.index > next_index_) {
+    return out_of_range(id() + " arrived before chunk " + std::to_string(next_index_));
   }
-  const uint64_t offset = chunk.index() * header_.chunk_bytes();
+  const uint64_t offset = chunk.index * header_.chunk_bytes();
   const uint64_t expected =
       std::min<uint64_t>(header_.chunk_bytes(), header_.total_bytes() - offset);
-  if (chunk.data().size() != expected) {
-    return data_loss(id + " has " + std::to_string(chunk.data().size()) + " bytes, expected " +
+  if (chunk.data.size() != expected) {
+    return data_loss(id() + " has " + std::to_string(chunk.data.size()) + " bytes, expected " +
                      std::to_string(expected));
   }
-  if (wire::crc32c(chunk.data()) != chunk.crc32c()) return data_loss(id + " fails its CRC32C");
-  RETURN_IF_ERROR(sink_(offset, chunk.data()), id);
-  sha_.update(chunk.data());
+  if (wire::crc32c(chunk.data) != chunk.crc32c) return data_loss(id() + " fails its CRC32C");
+  RETURN_IF_ERROR(sink_(offset, chunk.data), id());
+  if (background_) {
+    background_->update(chunk.data);
+  } else {
+    sha_.update(chunk.data);
+  }
   ++next_index_;
   return ok_status();
 }
@@ -120,7 +215,8 @@ Status ChunkReceiver::finish() {
     return failed_precondition(id + ": " + std::to_string(next_index_) + " of " +
                                std::to_string(header_.num_chunks()) + " chunks received");
   }
-  if (sha_.finish() != header_.sha256()) return data_loss(id + ": SHA-256 of the payload differs");
+  const std::string digest = background_ ? background_->finish() : sha_.finish();
+  if (digest != header_.sha256()) return data_loss(id + ": SHA-256 of the payload differs");
   finished_ = true;
   return ok_status();
 }

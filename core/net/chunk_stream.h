@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "core/util/status.h"
+#include "core/wire/chunk_frame.h"
 #include "core/wire/messages.pb.h"
 
 namespace starling::net {
@@ -41,6 +42,8 @@ class ChunkSender {
   uint64_t num_chunks() const { return header_.num_chunks(); }
   // Chunk `index` with its CRC32C. OutOfRange for index >= num_chunks().
   Result<v1::Chunk> chunk(uint64_t index) const;
+  // The same without copying the data: a view into the payload, for Connection::send_chunk().
+  Result<wire::ChunkView> chunk_view(uint64_t index) const;
 
  private:
   std::string_view payload_;
@@ -52,18 +55,28 @@ class ChunkSender {
 class ChunkReceiver {
  public:
   using Sink = std::function<Status(uint64_t offset, std::string_view data)>;
+  // Where the whole-payload SHA-256 runs. kBackground copies each accepted chunk to a helper
+  // thread owned by the receiver, so hashing (the largest cost of receiving) overlaps with
+  // decrypting the next chunks on the I/O thread; at most 8 MiB wait for it.
+  enum class Hashing { kInline, kBackground };
 
   // Validates an untrusted header: sizes consistent, below max_total_bytes, 32-byte digest.
   static Result<ChunkReceiver> create(const v1::TransferHeader& header, uint64_t max_total_bytes,
-                                      Sink sink);
+                                      Sink sink, Hashing hashing = Hashing::kInline);
   // A receiver that collects the payload in memory; see take_payload().
   static Result<ChunkReceiver> create_buffered(const v1::TransferHeader& header,
-                                               uint64_t max_total_bytes);
+                                               uint64_t max_total_bytes,
+                                               Hashing hashing = Hashing::kInline);
+  ~ChunkReceiver();
+  ChunkReceiver(ChunkReceiver&&) noexcept;
+  ChunkReceiver& operator=(ChunkReceiver&&) noexcept;
 
   // Accepts chunk next_index(). A duplicate of an earlier chunk is ignored (OK). DataLoss for a
   // CRC mismatch or a wrong length (re-request from next_index()); OutOfRange for a gap;
   // InvalidArgument for another transfer's chunk.
   Status accept(const v1::Chunk& chunk);
+  // The same for a chunk borrowed from the receive buffer (Connection's chunk handler).
+  Status accept(const wire::ChunkView& chunk);
   // Index of the first chunk not yet received intact: the resume point.
   uint64_t next_index() const { return next_index_; }
   v1::ChunkAck ack() const;
@@ -75,12 +88,14 @@ class ChunkReceiver {
   std::string take_payload() { return std::move(*buffer_); }
 
  private:
+  class BackgroundHash;
   ChunkReceiver(const v1::TransferHeader& header, Sink sink);
 
   v1::TransferHeader header_;
   Sink sink_;
   std::shared_ptr<std::string> buffer_;
   Sha256 sha_;
+  std::unique_ptr<BackgroundHash> background_;  // set for Hashing::kBackground
   uint64_t next_index_ = 0;
   bool finished_ = false;
 };

@@ -7,6 +7,7 @@
 #include <asio/error.hpp>
 #include <asio/ssl/error.hpp>
 #include <asio/write.hpp>
+#include <span>
 #include <vector>
 
 #include "core/wire/envelope.h"
@@ -39,9 +40,20 @@ void Connection::start(MessageHandler on_message, CloseHandler on_close) {
   if (writing_count_ == 0 && !queue_.empty()) do_write();
 }
 
+namespace {
+
+// One TLS record: the most one read from the TLS stream returns.
+constexpr size_t kReadBytes = 16 * 1024;
+// Written frames kept per connection for reuse (none larger than the frame limit).
+constexpr size_t kMaxSpareFrames = 4;
+
+}  // namespace
+
 void Connection::do_read() {
+  // Straight into the frame decoder's buffer: no copy between TLS and framing.
+  const std::span<char> room = decoder_.prepare(kReadBytes);
   stream_->async_read_some(
-      asio::buffer(read_buf_),
+      asio::buffer(room.data(), room.size()),
       [self = shared_from_this()](const asio::error_code& ec, size_t n) { self->on_read(ec, n); });
 }
 
@@ -80,30 +92,45 @@ void Connection::on_read(const asio::error_code& ec, size_t n) {
 }
 
 Status Connection::consume(size_t n) {
-  RETURN_IF_ERROR(decoder_.feed(std::string_view(read_buf_.data(), n)),
-                  "frame from " + peer_.describe());
+  RETURN_IF_ERROR(decoder_.commit(n), "frame from " + peer_.describe());
   for (;;) {
     auto frame = decoder_.next();
     RETURN_IF_ERROR(frame, "frame from " + peer_.describe());
     if (!frame->has_value()) break;
     frame_in_progress_ = false;
-    auto envelope = wire::decode_envelope(**frame);
-    if (envelope.status().code() == StatusCode::kUnimplemented) {
-      // A newer peer's message type: say so and carry on, the stream itself is intact.
-      v1::Envelope notice;
-      notice.mutable_error()->set_code(v1::ERROR_CODE_UNKNOWN_MESSAGE);
-      notice.mutable_error()->set_message(envelope.status().message());
-      (void)send(notice);
-      continue;
-    }
-    RETURN_IF_ERROR(envelope, "message from " + peer_.describe());
-    if (on_message_) on_message_(std::move(*envelope));
+    RETURN_IF_ERROR(deliver(**frame));
     if (closing_ || closed_) return ok_status();
   }
   if (decoder_.mid_frame() && !frame_in_progress_) {
     // The per-frame deadline runs from a frame's first byte, so a trickle cannot extend it.
     frame_in_progress_ = true;
     frame_deadline_ = Clock::now() + options_.deadlines.frame;
+  }
+  return ok_status();
+}
+
+Status Connection::deliver(std::string_view frame) {
+  if (on_chunk_) {
+    if (const auto chunk = wire::parse_chunk_envelope(frame)) {
+      on_chunk_(*chunk);
+      return ok_status();
+    }
+  }
+  auto envelope = wire::decode_envelope(frame);
+  if (envelope.status().code() == StatusCode::kUnimplemented) {
+    // A newer peer's message type: say so and carry on, the stream itself is intact.
+    v1::Envelope notice;
+    notice.mutable_error()->set_code(v1::ERROR_CODE_UNKNOWN_MESSAGE);
+    notice.mutable_error()->set_message(envelope.status().message());
+    (void)send(notice);
+    return ok_status();
+  }
+  RETURN_IF_ERROR(envelope, "message from " + peer_.describe());
+  if (on_chunk_ && envelope->has_chunk()) {
+    // A chunk in an encoding the fast parser leaves to protobuf (e.g. with unknown fields).
+    on_chunk_(wire::view_of(envelope->chunk()));
+  } else if (on_message_) {
+    on_message_(std::move(*envelope));
   }
   return ok_status();
 }
@@ -133,15 +160,43 @@ void Connection::wait_read_deadline() {
   });
 }
 
+std::string Connection::take_spare() {
+  if (spare_.empty()) return {};
+  std::string f = std::move(spare_.back());
+  spare_.pop_back();
+  f.clear();
+  return f;
+}
+
 Status Connection::send(const v1::Envelope& envelope) {
   if (closing_ || closed_) {
     return failed_precondition("connection to " + peer_.describe() + " is closed");
   }
-  ASSIGN_OR_RETURN(std::string frame,
-                   wire::encode_framed_envelope(envelope, options_.max_frame_bytes),
-                   "send to " + peer_.describe());
+  std::string frame = take_spare();
+  RETURN_IF_ERROR(wire::append_framed_envelope(frame, envelope, options_.max_frame_bytes),
+                  "send to " + peer_.describe());
+  return enqueue(std::move(frame));
+}
+
+Status Connection::send_chunk(const wire::ChunkView& chunk) {
+  if (closing_ || closed_) {
+    return failed_precondition("connection to " + peer_.describe() + " is closed");
+  }
+  const size_t size = wire::kFrameHeaderBytes + wire::chunk_envelope_size(chunk);
+  if (!queue_.empty() && queued_bytes_ + size > options_.max_queue_bytes) {
+    return resource_exhausted("send queue to " + peer_.describe() + " is full (" +
+                              std::to_string(queued_bytes_) + " bytes)");
+  }
+  std::string frame = take_spare();
+  RETURN_IF_ERROR(wire::append_chunk_frame(frame, chunk, options_.max_frame_bytes),
+                  "send to " + peer_.describe());
+  return enqueue(std::move(frame));
+}
+
+Status Connection::enqueue(std::string frame) {
   const size_t size = frame.size();
   if (!queue_.empty() && queued_bytes_ + size > options_.max_queue_bytes) {
+    if (spare_.size() < kMaxSpareFrames) spare_.push_back(std::move(frame));
     return resource_exhausted("send queue to " + peer_.describe() + " is full (" +
                               std::to_string(queued_bytes_) + " bytes)");
   }
@@ -175,7 +230,12 @@ void Connection::do_write() {
           return;
         }
         for (size_t i = 0; i < self->writing_count_; ++i) {
-          self->queued_bytes_ -= self->queue_.front().size();
+          std::string& f = self->queue_.front();
+          self->queued_bytes_ -= f.size();
+          if (self->spare_.size() < kMaxSpareFrames &&
+              f.capacity() <= size_t{self->options_.max_frame_bytes} + wire::kFrameHeaderBytes) {
+            self->spare_.push_back(std::move(f));
+          }
           self->queue_.pop_front();
         }
         self->writing_count_ = 0;
@@ -232,6 +292,7 @@ void Connection::teardown(const Status& reason) {
   write_timer_.cancel();
   stream_->lowest_layer().close(ignored);
   queue_.clear();
+  spare_.clear();
   queued_bytes_ = 0;
   // Handlers may hold a shared_ptr to this connection: release them to break the cycle.
   auto on_close = std::move(on_close_);

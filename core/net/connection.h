@@ -2,7 +2,6 @@
 // read and write, a bounded send queue, and exactly one close notification.
 #pragma once
 
-#include <array>
 #include <asio/ip/tcp.hpp>
 #include <asio/ssl/stream.hpp>
 #include <asio/steady_timer.hpp>
@@ -12,9 +11,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/net/tls.h"
 #include "core/util/status.h"
+#include "core/wire/chunk_frame.h"
 #include "core/wire/frame.h"
 #include "core/wire/messages.pb.h"
 
@@ -57,11 +58,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
+  // Receives each Chunk message when set (see set_chunk_handler); the view points into the
+  // receive buffer and is valid only during the call.
+  using ChunkHandler = std::function<void(const wire::ChunkView&)>;
+
   // Starts reading. REQUIRES: called once.
   void start(MessageHandler on_message, CloseHandler on_close);
+  // Optional: Chunk messages go here instead of to the message handler, without the copy of
+  // their data that a v1::Envelope makes. Set it before start() or from a handler.
+  void set_chunk_handler(ChunkHandler on_chunk) { on_chunk_ = std::move(on_chunk); }
   // Queues one envelope. FailedPrecondition once closing; ResourceExhausted when the queue is
   // full; InvalidArgument when the message exceeds the frame limit.
   Status send(const v1::Envelope& envelope);
+  // Queues Envelope{chunk}, the same bytes as send() of that message, written straight from
+  // the view (one copy into a reused buffer; the data need not outlive the call). Same errors.
+  Status send_chunk(const wire::ChunkView& chunk);
   // Called whenever the send queue becomes empty.
   void set_drain_handler(std::function<void()> on_drain) { on_drain_ = std::move(on_drain); }
   // Sends what is queued (within the frame deadline), then closes TLS and the socket.
@@ -80,6 +91,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void do_read();
   void on_read(const asio::error_code& ec, size_t n);
   Status consume(size_t n);
+  Status deliver(std::string_view frame);
+  Status enqueue(std::string frame);
+  std::string take_spare();
   void arm_read_deadline();
   void wait_read_deadline();
   void do_write();
@@ -93,13 +107,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   wire::FrameDecoder decoder_;
   asio::steady_timer read_timer_;
   asio::steady_timer write_timer_;
-  std::array<char, 16 * 1024> read_buf_{};  // one TLS record
   bool frame_in_progress_ = false;
   std::chrono::steady_clock::time_point frame_deadline_{};
   std::chrono::steady_clock::time_point read_deadline_{};
   bool read_timer_armed_ = false;
 
   std::deque<std::string> queue_;
+  // Written frames kept for reuse, so a stream of large frames allocates (and page-faults) once.
+  std::vector<std::string> spare_;
   size_t queued_bytes_ = 0;
   size_t writing_count_ = 0;  // frames at the head of queue_ handed to async_write
   bool started_ = false;
@@ -109,6 +124,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Status close_status_;
 
   MessageHandler on_message_;
+  ChunkHandler on_chunk_;
   CloseHandler on_close_;
   std::function<void()> on_drain_;
   std::function<void()> teardown_hook_;

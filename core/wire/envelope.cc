@@ -26,10 +26,17 @@ Result<std::string> encode_envelope(const v1::Envelope& envelope, uint32_t max_b
 }
 
 Result<std::string> encode_framed_envelope(const v1::Envelope& envelope, uint32_t max_bytes) {
+  std::string out;
+  RETURN_IF_ERROR(append_framed_envelope(out, envelope, max_bytes));
+  return out;
+}
+
+Status append_framed_envelope(std::string& out, const v1::Envelope& envelope, uint32_t max_bytes) {
   const size_t size = envelope.ByteSizeLong();
   RETURN_IF_ERROR(check_size(envelope, size, max_bytes));
-  std::string out(kFrameHeaderBytes + size, '\0');
-  auto* p = reinterpret_cast<uint8_t*>(out.data());
+  const size_t start = out.size();
+  out.resize(start + kFrameHeaderBytes + size);
+  auto* p = reinterpret_cast<uint8_t*>(out.data() + start);
   const auto n = static_cast<uint32_t>(size);
   p[0] = static_cast<uint8_t>(n >> 24);
   p[1] = static_cast<uint8_t>(n >> 16);
@@ -37,7 +44,7 @@ Result<std::string> encode_framed_envelope(const v1::Envelope& envelope, uint32_
   p[3] = static_cast<uint8_t>(n);
   // ByteSizeLong() above cached the sizes this serializer relies on.
   envelope.SerializeWithCachedSizesToArray(p + kFrameHeaderBytes);
-  return out;
+  return ok_status();
 }
 
 Result<v1::Envelope> decode_envelope(std::string_view payload) {

@@ -18,6 +18,9 @@ inline constexpr uint32_t kProtocolVersion = 1;
 Result<std::string> encode_envelope(const v1::Envelope& envelope, uint32_t max_bytes);
 // The whole frame (length header and envelope) in one buffer, ready to write.
 Result<std::string> encode_framed_envelope(const v1::Envelope& envelope, uint32_t max_bytes);
+// The same frame appended to `out` (whose capacity a caller may reuse); `out` is unchanged on
+// error.
+Status append_framed_envelope(std::string& out, const v1::Envelope& envelope, uint32_t max_bytes);
 // Parses a frame payload. DataLoss on malformed bytes; Unimplemented when the body is a
 // message type this build does not know (a newer peer); unknown fields are ignored.
 Result<v1::Envelope> decode_envelope(std::string_view payload);

@@ -1,6 +1,8 @@
 // Length-prefixed framing.
 #include "core/wire/frame.h"
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 
 namespace starling::wire {
@@ -28,7 +30,7 @@ Status append_frame(std::string& out, std::string_view payload, uint32_t max_byt
 
 Status FrameDecoder::check_header() {
   if (!error_.ok() || buffered_bytes() < kFrameHeaderBytes) return error_;
-  const uint32_t n = read_be32(buffer_.data() + consumed_);
+  const uint32_t n = read_be32(buffer_.get() + consumed_);
   if (n > max_bytes_) {
     error_ = data_loss("frame length " + std::to_string(n) + " exceeds the limit of " +
                        std::to_string(max_bytes_) + " bytes");
@@ -36,17 +38,41 @@ Status FrameDecoder::check_header() {
   return error_;
 }
 
-Status FrameDecoder::feed(std::string_view data) {
-  if (!error_.ok()) return error_;
+void FrameDecoder::reserve_tail(size_t n) {
   // Compact before growing so the buffer holds at most one frame plus one read.
-  if (consumed_ > 0 && consumed_ == buffer_.size()) {
-    buffer_.clear();
+  if (consumed_ == size_) {
+    size_ = 0;
     consumed_ = 0;
-  } else if (consumed_ > buffer_.size() / 2) {
-    buffer_.erase(0, consumed_);
+  } else if (consumed_ > 0 && (consumed_ > size_ / 2 || size_ + n > capacity_)) {
+    std::memmove(buffer_.get(), buffer_.get() + consumed_, size_ - consumed_);
+    size_ -= consumed_;
     consumed_ = 0;
   }
-  buffer_.append(data);
+  if (size_ + n <= capacity_) return;
+  const size_t capacity = std::max(size_ + n, capacity_ * 2);
+  auto bigger = std::make_unique_for_overwrite<char[]>(capacity);
+  if (size_ > 0) std::memcpy(bigger.get(), buffer_.get(), size_);
+  buffer_ = std::move(bigger);
+  capacity_ = capacity;
+}
+
+Status FrameDecoder::feed(std::string_view data) {
+  if (!error_.ok()) return error_;
+  reserve_tail(data.size());
+  if (!data.empty()) std::memcpy(buffer_.get() + size_, data.data(), data.size());
+  size_ += data.size();
+  return check_header();
+}
+
+std::span<char> FrameDecoder::prepare(size_t n) {
+  reserve_tail(n);
+  return {buffer_.get() + size_, n};
+}
+
+Status FrameDecoder::commit(size_t n) {
+  if (!error_.ok()) return error_;
+  if (size_ + n > capacity_) return internal_error("frame decoder: commit beyond prepare()");
+  size_ += n;
   return check_header();
 }
 
@@ -54,9 +80,9 @@ Result<std::optional<std::string_view>> FrameDecoder::next() {
   using Frame = std::optional<std::string_view>;
   RETURN_IF_ERROR(check_header());
   if (buffered_bytes() < kFrameHeaderBytes) return Frame();
-  const uint32_t n = read_be32(buffer_.data() + consumed_);
+  const uint32_t n = read_be32(buffer_.get() + consumed_);
   if (buffered_bytes() - kFrameHeaderBytes < n) return Frame();
-  const std::string_view frame(buffer_.data() + consumed_ + kFrameHeaderBytes, n);
+  const std::string_view frame(buffer_.get() + consumed_ + kFrameHeaderBytes, n);
   consumed_ += kFrameHeaderBytes + n;
   return Frame(frame);
 }

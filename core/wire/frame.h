@@ -4,7 +4,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -28,20 +30,29 @@ class FrameDecoder {
 
   // Buffers `data`. Fails (DataLoss) once a header announces a frame above the limit.
   Status feed(std::string_view data);
+  // Zero-copy alternative to feed(): a writable region of exactly `n` bytes at the end of the
+  // buffer. Read into it, then commit() the bytes that arrived (at most n). The region is
+  // valid until the next prepare() or feed().
+  std::span<char> prepare(size_t n);
+  Status commit(size_t n);
   // The next complete frame, std::nullopt when more bytes are needed, or the sticky error.
-  // The view stays valid until the next call to feed().
+  // The view stays valid until the next call to feed() or prepare().
   Result<std::optional<std::string_view>> next();
 
   // True when some bytes of an incomplete frame are buffered (a close now truncates it).
-  bool mid_frame() const { return buffer_.size() > consumed_; }
-  size_t buffered_bytes() const { return buffer_.size() - consumed_; }
+  bool mid_frame() const { return size_ > consumed_; }
+  size_t buffered_bytes() const { return size_ - consumed_; }
   uint32_t max_bytes() const { return max_bytes_; }
 
  private:
   Status check_header();
+  // Drops returned frames and makes room for `n` more bytes (without zero-filling them).
+  void reserve_tail(size_t n);
 
   uint32_t max_bytes_;
-  std::string buffer_;
+  std::unique_ptr<char[]> buffer_;
+  size_t size_ = 0;      // bytes held in buffer_
+  size_t capacity_ = 0;  // bytes allocated
   size_t consumed_ = 0;  // bytes of buffer_ already returned as frames
   Status error_;
 };

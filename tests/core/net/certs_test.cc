@@ -65,6 +65,53 @@ TEST_CASE("bad certificate requests and input are errors", "[net]") {
   CHECK(drain_openssl_errors().empty());
 }
 
+TEST_CASE("issued certificates never outlive their CA", "[net]") {
+  CertSpec ca_spec = spec("federation-1", CertRole::kCa);
+  ca_spec.valid_until_s = 10 * 86400;
+  auto ca = make_ca(ca_spec);
+  REQUIRE(ca.ok());
+  const ASN1_TIME* ca_end = X509_get0_notAfter(ca->cert.get());
+
+  SECTION("a request beyond the CA's notAfter is capped to it, and says so") {
+    CertSpec s = spec("edge-1", CertRole::kClient);
+    s.valid_until_s = 365 * 86400;
+    IssueNotes notes;
+    auto node = issue_cert(*ca, s, &notes);
+    REQUIRE(node.ok());
+    CHECK(notes.not_after_capped);
+    CHECK(ASN1_TIME_compare(X509_get0_notAfter(node->cert.get()), ca_end) == 0);
+    auto text = describe_cert(node->cert.get());
+    REQUIRE(text.ok());
+    CHECK_FALSE(notes.not_after.empty());
+    CHECK_THAT(*text, Catch::Contains(notes.not_after));
+    // Without notes the cap still applies (and is logged).
+    auto quiet = issue_cert(*ca, s);
+    REQUIRE(quiet.ok());
+    CHECK(ASN1_TIME_compare(X509_get0_notAfter(quiet->cert.get()), ca_end) == 0);
+  }
+  SECTION("a request within the CA's validity is kept") {
+    CertSpec s = spec("edge-2", CertRole::kServer);
+    s.valid_until_s = 86400;
+    IssueNotes notes;
+    notes.not_after_capped = true;  // overwritten
+    auto node = issue_cert(*ca, s, &notes);
+    REQUIRE(node.ok());
+    CHECK_FALSE(notes.not_after_capped);
+    CHECK(ASN1_TIME_compare(X509_get0_notAfter(node->cert.get()), ca_end) < 0);
+    CHECK(X509_cmp_time(X509_get0_notAfter(node->cert.get()), nullptr) > 0);
+  }
+  SECTION("an expired CA issues nothing") {
+    CertSpec old_spec = spec("federation-old", CertRole::kCa);
+    old_spec.valid_from_s = -2 * 86400;
+    old_spec.valid_until_s = -86400;
+    auto old_ca = make_ca(old_spec);
+    REQUIRE(old_ca.ok());
+    auto node = issue_cert(*old_ca, spec("edge-3", CertRole::kPeer));
+    CHECK(node.status().code() == StatusCode::kFailedPrecondition);
+    CHECK_THAT(node.status().message(), Catch::Contains("CA certificate expired"));
+  }
+}
+
 TEST_CASE("private keys are written with mode 0600", "[net]") {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("starling_certs_test_" + std::to_string(::getpid()));

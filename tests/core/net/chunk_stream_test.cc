@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <optional>
+#include <vector>
 
 #include "core/net/client.h"
 #include "core/util/rng.h"
@@ -80,6 +81,88 @@ TEST_CASE("a transfer larger than the frame limit arrives intact over TLS", "[ne
   CHECK(receiver->take_payload() == payload);
 }
 
+TEST_CASE("send_chunk and the chunk handler stream without protobuf copies", "[net]") {
+  constexpr uint32_t kFrameLimit = 64 * 1024;
+  const std::string payload = random_payload(1'000'003, 11);
+  testing::TestPki pki;
+  const auto server_node = pki.issue("aggregator", CertRole::kServer);
+  const auto client_node = pki.issue("client-1", CertRole::kClient);
+  asio::io_context io;
+  ServerOptions so;
+  so.connection.max_frame_bytes = kFrameLimit;
+  testing::LoopbackServer server(
+      io, {pki.ca_pem(), server_node.cert_pem, server_node.key_pem, "", true}, so);
+  server.echo = false;
+  auto ctx = make_tls_context({pki.ca_pem(), client_node.cert_pem, client_node.key_pem, "", true},
+                              TlsSide::kClient);
+  REQUIRE(ctx.ok());
+  ClientOptions co;
+  co.host = "127.0.0.1";
+  co.port = server.port();
+  co.connection.max_frame_bytes = kFrameLimit;
+  std::optional<Result<std::shared_ptr<Connection>>> conn;
+  connect(io, *ctx, co, [&](Result<std::shared_ptr<Connection>> r) { conn.emplace(std::move(r)); });
+  REQUIRE(testing::run_until(io, std::chrono::seconds(5), [&] { return conn.has_value(); }));
+  REQUIRE(conn->ok());
+  auto c = **conn;
+  ChunkSender sender(9, payload, 60'000);
+  // Background hashing on one side, inline on the other: both must agree with the sender.
+  auto client_rx =
+      ChunkReceiver::create_buffered(sender.header(), 2 << 20, ChunkReceiver::Hashing::kBackground);
+  REQUIRE(client_rx.ok());
+  std::vector<v1::Envelope> client_messages;
+  size_t client_chunks = 0;
+  c->set_chunk_handler([&](const wire::ChunkView& chunk) {
+    ++client_chunks;
+    REQUIRE(client_rx->accept(chunk).ok());
+  });
+  c->start([&](v1::Envelope e) { client_messages.push_back(std::move(e)); }, [](const Status&) {});
+
+  // Client to server: send_chunk's bytes are what protobuf on the other end expects.
+  for (uint64_t i = 0; i < sender.num_chunks(); ++i) {
+    auto view = sender.chunk_view(i);
+    REQUIRE(view.ok());
+    REQUIRE(c->send_chunk(*view).ok());
+  }
+  auto too_big = sender.chunk_view(0);
+  REQUIRE(too_big.ok());
+  too_big->data = payload;
+  CHECK(c->send_chunk(*too_big).code() == StatusCode::kInvalidArgument);
+  REQUIRE(testing::run_until(io, std::chrono::seconds(10),
+                             [&] { return server.received.size() == sender.num_chunks(); }));
+  auto server_rx = ChunkReceiver::create_buffered(sender.header(), 2 << 20);
+  REQUIRE(server_rx.ok());
+  for (const auto& e : server.received) REQUIRE(server_rx->accept(e.chunk()).ok());
+  REQUIRE(server_rx->finish().ok());
+  CHECK(server_rx->take_payload() == payload);
+
+  // Server to client through protobuf send(): every chunk reaches the chunk handler, including
+  // one with an unknown field (parsed by protobuf), and other messages the message handler.
+  REQUIRE(server.accepted.size() == 1);
+  auto& peer = server.accepted[0];
+  for (uint64_t i = 0; i < sender.num_chunks(); ++i) {
+    v1::Envelope e;
+    e.set_seq(i + 1);
+    auto chunk = sender.chunk(i);
+    REQUIRE(chunk.ok());
+    *e.mutable_chunk() = std::move(*chunk);
+    if (i == 3) {
+      e.mutable_chunk()->GetReflection()->MutableUnknownFields(e.mutable_chunk())->AddVarint(77, 1);
+    }
+    REQUIRE(peer->send(e).ok());
+  }
+  v1::Envelope hb;
+  hb.mutable_heartbeat()->set_sent_unix_ms(5);
+  REQUIRE(peer->send(hb).ok());
+  REQUIRE(
+      testing::run_until(io, std::chrono::seconds(10), [&] { return !client_messages.empty(); }));
+  CHECK(client_chunks == sender.num_chunks());
+  REQUIRE(client_messages.size() == 1);
+  CHECK(client_messages[0].has_heartbeat());
+  REQUIRE(client_rx->finish().ok());
+  CHECK(client_rx->take_payload() == payload);
+}
+
 TEST_CASE("corrupt chunks are detected, re-requested, and the transfer resumes", "[net]") {
   const std::string payload = random_payload(100'000, 5);
   ChunkSender sender(7, payload, 4096);
@@ -120,9 +203,11 @@ TEST_CASE("corrupt chunks are detected, re-requested, and the transfer resumes",
 }
 
 TEST_CASE("the whole-payload SHA-256 catches what chunk CRCs cannot", "[net]") {
+  const auto hashing =
+      GENERATE(ChunkReceiver::Hashing::kInline, ChunkReceiver::Hashing::kBackground);
   const std::string payload = random_payload(10'000, 9);
   ChunkSender sender(1, payload, 1000);
-  auto receiver = ChunkReceiver::create_buffered(sender.header(), 1 << 20);
+  auto receiver = ChunkReceiver::create_buffered(sender.header(), 1 << 20, hashing);
   REQUIRE(receiver.ok());
   for (uint64_t i = 0; i < sender.num_chunks(); ++i) {
     auto c = *sender.chunk(i);

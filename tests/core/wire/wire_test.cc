@@ -1,7 +1,11 @@
 // Wire format: every message round-trips, unknown fields are ignored, framing rejects bad input.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <span>
 #include <string>
+#include <vector>
 
+#include "core/wire/chunk_frame.h"
 #include "core/wire/crc32c.h"
 #include "core/wire/envelope.h"
 #include "core/wire/frame.h"
@@ -264,6 +268,156 @@ TEST_CASE("crc32c matches the published check values", "[wire]") {
     for (size_t i = 0; i < n; ++i) data[i] = static_cast<char>(i * 131 + n);
     CHECK(crc32c(data) == crc32c_extend_portable(0, data));
     CHECK(crc32c_extend(0x12345678u, data) == crc32c_extend_portable(0x12345678u, data));
+  }
+}
+
+TEST_CASE("crc32c: the three-stream hardware path agrees with the tables", "[wire]") {
+  // Lengths around the 3 x 8192 and 3 x 256 block boundaries, from unaligned starts.
+  std::string data(3 * 8192 * 3 + 100, '\0');
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (auto& c : data) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  for (size_t offset : {0, 1, 5, 7}) {
+    for (size_t n : {767, 768, 769, 1000, 24575, 24576, 24577, 24576 + 768 + 9, 3 * 24576 + 3}) {
+      const std::string_view v(data.data() + offset, n);
+      INFO("offset " << offset << " length " << n);
+      CHECK(crc32c_extend(0xDEADBEEFu, v) == crc32c_extend_portable(0xDEADBEEFu, v));
+      CHECK(crc32c_extend(crc32c(v.substr(0, n / 3)), v.substr(n / 3)) == crc32c(v));
+    }
+  }
+}
+
+v1::Chunk make_chunk(uint64_t transfer_id, uint64_t index, std::string data, uint32_t crc) {
+  v1::Chunk c;
+  c.set_transfer_id(transfer_id);
+  c.set_index(index);
+  c.set_data(std::move(data));
+  c.set_crc32c(crc);
+  return c;
+}
+
+TEST_CASE("chunk frames without protobuf are byte-identical and parse back", "[wire]") {
+  const v1::Chunk chunk = GENERATE(make_chunk(0, 0, "", 0), make_chunk(1, 0, "x", 0),
+                                   make_chunk(7, 3, std::string(300, 'a'), 0x80000000u),
+                                   make_chunk(~0ull, ~0ull - 1, std::string(70'000, 'z'), ~0u),
+                                   make_chunk(42, 100'000, std::string(1 << 20, '\x80'), 12345));
+  v1::Envelope e;
+  *e.mutable_chunk() = chunk;
+  auto expected = encode_framed_envelope(e, kDefaultMaxFrameBytes);
+  REQUIRE(expected.ok());
+
+  std::string out = "prefix";
+  REQUIRE(append_chunk_frame(out, view_of(chunk), kDefaultMaxFrameBytes).ok());
+  CHECK(out.substr(6) == *expected);
+  CHECK(chunk_envelope_size(view_of(chunk)) == expected->size() - kFrameHeaderBytes);
+
+  const std::string_view payload = std::string_view(*expected).substr(kFrameHeaderBytes);
+  auto parsed = parse_chunk_envelope(payload);
+  REQUIRE(parsed.has_value());
+  CHECK(parsed->transfer_id == chunk.transfer_id());
+  CHECK(parsed->index == chunk.index());
+  CHECK(parsed->data == chunk.data());
+  CHECK(parsed->crc32c == chunk.crc32c());
+  if (!chunk.data().empty()) {  // a view into the frame, not a copy
+    CHECK(parsed->data.data() >= payload.data());
+    CHECK(parsed->data.data() < payload.data() + payload.size());
+  }
+
+  SECTION("with a sequence number") {
+    e.set_seq(99);
+    auto framed = encode_envelope(e, kDefaultMaxFrameBytes);
+    REQUIRE(framed.ok());
+    auto p = parse_chunk_envelope(*framed);
+    REQUIRE(p.has_value());
+    CHECK(p->data == chunk.data());
+  }
+  SECTION("too large for the frame limit: an error, the buffer untouched") {
+    std::string small = "keep";
+    const auto limit = static_cast<uint32_t>(expected->size() - kFrameHeaderBytes - 1);
+    CHECK(append_chunk_frame(small, view_of(chunk), limit).code() == StatusCode::kInvalidArgument);
+    CHECK(small == "keep");
+  }
+}
+
+TEST_CASE("the chunk parser leaves everything unusual to protobuf", "[wire]") {
+  v1::Envelope e;
+  *e.mutable_chunk() = make_chunk(5, 6, "payload", 77);
+  auto bytes = encode_envelope(e, kDefaultMaxFrameBytes);
+  REQUIRE(bytes.ok());
+  REQUIRE(parse_chunk_envelope(*bytes).has_value());
+
+  SECTION("other message types") {
+    v1::Envelope hb;
+    hb.mutable_heartbeat()->set_sent_unix_ms(1);
+    auto other = encode_envelope(hb, kDefaultMaxFrameBytes);
+    REQUIRE(other.ok());
+    CHECK_FALSE(parse_chunk_envelope(*other).has_value());
+    CHECK_FALSE(parse_chunk_envelope("").has_value());
+  }
+  SECTION("unknown fields (protobuf ignores them, the fast path declines)") {
+    v1::Envelope u = e;
+    u.mutable_chunk()->GetReflection()->MutableUnknownFields(u.mutable_chunk())->AddVarint(9, 1);
+    auto with_unknown = encode_envelope(u, kDefaultMaxFrameBytes);
+    REQUIRE(with_unknown.ok());
+    CHECK_FALSE(parse_chunk_envelope(*with_unknown).has_value());
+    auto back = decode_envelope(*with_unknown);
+    REQUIRE(back.ok());
+    CHECK(back->chunk().data() == "payload");
+  }
+  SECTION("a repeated field") { CHECK_FALSE(parse_chunk_envelope(*bytes + *bytes).has_value()); }
+  SECTION("every truncation") {
+    for (size_t n = 0; n < bytes->size(); ++n) {
+      CHECK_FALSE(parse_chunk_envelope(std::string_view(*bytes).substr(0, n)).has_value());
+    }
+  }
+  SECTION("a length beyond the end") {
+    std::string bad = *bytes;
+    bad[1] = static_cast<char>(0x7F);
+    CHECK_FALSE(parse_chunk_envelope(bad).has_value());
+  }
+}
+
+TEST_CASE("frame decoder receives in place through prepare and commit", "[wire]") {
+  std::string stream;
+  REQUIRE(append_frame(stream, "first").ok());
+  REQUIRE(append_frame(stream, std::string(5000, 'b')).ok());
+  REQUIRE(append_frame(stream, "").ok());
+  REQUIRE(append_frame(stream, "last").ok());
+  const size_t piece = GENERATE(1, 3, 4, 7, 1000, 100000);
+  FrameDecoder decoder(8192);
+  std::vector<std::string> frames;
+  for (size_t at = 0; at < stream.size(); at += piece) {
+    const size_t n = std::min(piece, stream.size() - at);
+    const std::span<char> room = decoder.prepare(piece);
+    REQUIRE(room.size() == piece);
+    std::copy_n(stream.data() + at, n, room.data());
+    REQUIRE(decoder.commit(n).ok());
+    for (;;) {
+      auto f = decoder.next();
+      REQUIRE(f.ok());
+      if (!f->has_value()) break;
+      frames.emplace_back(**f);
+    }
+  }
+  REQUIRE(frames.size() == 4);
+  CHECK(frames[0] == "first");
+  CHECK(frames[1] == std::string(5000, 'b'));
+  CHECK(frames[2].empty());
+  CHECK(frames[3] == "last");
+  CHECK_FALSE(decoder.mid_frame());
+
+  SECTION("an oversized length arriving in place is rejected") {
+    FrameDecoder small(16);
+    const std::span<char> room = small.prepare(4);
+    std::copy_n("\x00\x00\x01\x00", 4, room.data());
+    CHECK(small.commit(4).code() == StatusCode::kDataLoss);
+  }
+  SECTION("committing more than was prepared is an error") {
+    FrameDecoder d;
+    (void)d.prepare(8);
+    CHECK_FALSE(d.commit(1 << 20).ok());
   }
 }
 
