@@ -46,10 +46,11 @@ step() {  # step NAME CMD...: runs CMD with output in $logs/NAME.log, remembers 
   >"$logs/environment.log" 2>&1
 step configure cmake --preset cuda -B "$build" "${args[@]}"
 step build cmake --build "$build" -j "${JOBS:-$(nproc)}" \
-  --target starling_cuda_tests starling_comm_tests cuda_bench
+  --target starling_cuda_tests starling_comm_tests cuda_bench cuda_codec_bench
 step ctest_cuda ctest --test-dir "$build" -L cuda --no-tests=error --output-on-failure --timeout 300
 step comm_tests "$build/tests/starling_comm_tests"
 step cuda_bench "$build/bench/cuda_bench"
+step cuda_codec_bench "$build/bench/cuda_codec_bench"  # GPU codecs beside the CPU ones
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -63,6 +64,8 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
   echo "CPU communicator: $(tail -2 "$logs/comm_tests.log" 2>/dev/null | tr -s '\n' ' ')"
   echo
   grep -E '^(GPU:|\|)' "$logs/cuda_bench.log" 2>/dev/null || echo "(cuda_bench did not run)"
+  echo
+  grep -E '^(GPU:|\|)' "$logs/cuda_codec_bench.log" 2>/dev/null || echo "(cuda_codec_bench did not run)"
 } >> bench/RESULTS.md
 if [ -n "${OUT:-}" ]; then cp -r bench/RESULTS.md "$logs" "$OUT/"; fi
 echo "gpu_check: $status"

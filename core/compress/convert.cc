@@ -36,6 +36,9 @@ inline bool finish_block(uint32_t mbits, float* scale, float* inv) {
   if (mbits >= 0x7f800000u) return false;
   const float amax = std::bit_cast<float>(mbits);
   *inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  // A block below 127 / FLT_MAX (3.7e-37) would scale by infinity: it encodes as zeros (what
+  // the CUDA kernel writes too), an error far below any float a model update carries.
+  if (std::isinf(*inv)) *inv = 0.0f;
   *scale = amax / 127.0f;
   return true;
 }

@@ -405,6 +405,8 @@ TEST_CASE("int8 quantization matches its plain-loop reference bit for bit", "[co
   x[5] = 0.0f;
   x[6] = -0.0f;
   std::fill(x.begin() + 100, x.begin() + 400, 0.0f);  // all-zero blocks
+  // A block of subnormals, whose 127 / absmax overflows: encoded as zeros by both paths.
+  for (size_t i = 512; i < 768; ++i) x[i] = (i % 2 ? 1.0f : -1.0f) * 1e-40f;
   const size_t blocks = (x.size() + block - 1) / block;
   std::vector<int8_t> q(x.size()), q_ref(x.size());
   std::vector<float> s(blocks), s_ref(blocks);
@@ -412,6 +414,9 @@ TEST_CASE("int8 quantization matches its plain-loop reference bit for bit", "[co
   REQUIRE(internal::quantize_int8_scalar(x.data(), x.size(), block, q_ref.data(), s_ref.data()));
   CHECK(q == q_ref);
   CHECK(s == s_ref);
+  if (block == 256) {
+    for (size_t i = 512; i < 768; ++i) CHECK(q[i] == 0);  // block 2 holds only subnormals
+  }
   x[500] = NAN;
   CHECK_FALSE(internal::quantize_int8(x, block, q.data(), s.data()));
   CHECK_FALSE(
