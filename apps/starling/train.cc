@@ -9,6 +9,8 @@
 #include "apps/starling/commands.h"
 #include "core/config/toml_config.h"
 #include "core/io/safetensors.h"
+#include "models/ddpm/checkpoint.h"
+#include "models/ddpm/trainer.h"
 #include "models/gpt/checkpoint.h"
 #include "models/gpt/trainer.h"
 #include "models/mdlm/trainer.h"
@@ -56,6 +58,17 @@ void register_train(CLI::App& app, CommandContext& ctx) {
     if (Status st = config::validate_run_config(cfg, *config_path); !st.ok()) {
       return fail(ctx, st.message());
     }
+    if (cfg.model().arch() == v1::ModelConfig::DDPM) {
+      auto res = models::train_ddpm(cfg, *config_path);
+      if (!res.ok()) return fail(ctx, res.status().message());
+      std::printf(
+          "trained %lld steps in %.1f s: val loss %.5f (best %.5f, epsilon MSE), %.1f images/s\n",
+          static_cast<long long>(res->iters), res->seconds, res->val_loss, res->best_val_loss,
+          res->tokens_per_second);
+      std::printf("checkpoint: %s\nsamples: %s\n", res->checkpoint.string().c_str(),
+                  (res->checkpoint.parent_path() / "samples.png").string().c_str());
+      return;
+    }
     auto res = cfg.model().arch() == v1::ModelConfig::MDLM ? models::train_mdlm(cfg, *config_path)
                                                            : models::train_gpt(cfg, *config_path);
     if (!res.ok()) return fail(ctx, res.status().message());
@@ -78,6 +91,12 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
     std::optional<double> temperature;
     std::optional<uint64_t> seed;
     int64_t steps = 0;
+    // DDPM checkpoints.
+    std::string out_png;
+    int64_t num = 0;
+    std::optional<std::string> sampler;
+    std::optional<double> eta;
+    bool classify = false;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("checkpoint,--checkpoint", o->checkpoint,
@@ -91,8 +110,18 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0: all)");
   cmd->add_option("--seed", o->seed, "Sampling seed");
   cmd->add_option("--steps", o->steps,
-                  "Denoising steps of a masked diffusion (MDLM) checkpoint (0: [diffusion])");
-  cmd->add_option("--data-dir", o->data_dir, "Data directory (GPT-2 tokenizer files)");
+                  "Denoising steps of a masked diffusion (MDLM) or DDPM checkpoint (0: the "
+                  "config's [diffusion] / [ddpm] steps)");
+  cmd->add_option("--data-dir", o->data_dir,
+                  "Data directory (GPT-2 tokenizer files; MNIST for --classify)");
+  cmd->add_option("--out", o->out_png,
+                  "DDPM: PNG sample grid to write (default: samples.png beside the checkpoint)");
+  cmd->add_option("--num", o->num, "DDPM: images to sample (0: [ddpm].num_samples)");
+  cmd->add_option("--sampler", o->sampler, "DDPM: ddim or ancestral (default: [ddpm].sampler)");
+  cmd->add_option("--eta", o->eta, "DDPM: DDIM eta in [0, 1] (default: [ddpm].ddim_eta)");
+  cmd->add_flag("--classify", o->classify,
+                "DDPM: label the samples with an MNIST classifier trained on the spot; report "
+                "mean max-probability and the class histogram");
   cmd->callback([&ctx, o]() {
     std::string ckpt = o->checkpoint;
     if (ckpt.empty() && !o->config.empty()) {
@@ -107,6 +136,22 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
       auto file = io::load_safetensors(ckpt);
       if (!file.ok()) return fail(ctx, file.status().message());
       auto it = file->metadata.find("format");
+      if (it != file->metadata.end() && models::is_ddpm_format(it->second)) {
+        models::DdpmSampleOptions d;
+        d.checkpoint = ckpt;
+        d.out_png = o->out_png;
+        d.num = o->num;
+        d.steps = o->steps;
+        d.sampler = o->sampler;
+        d.eta = o->eta;
+        d.seed = o->seed.value_or(1337);
+        d.classify = o->classify;
+        d.data_dir = o->data_dir;
+        auto report = models::sample_ddpm_checkpoint(d);
+        if (!report.ok()) return fail(ctx, report.status().message());
+        std::cout << *report << std::endl;
+        return;
+      }
       if (it != file->metadata.end() && it->second == "starling.mdlm.v1") {
         auto text = models::sample_mdlm_checkpoint(ckpt, o->steps, o->temperature.value_or(1.0),
                                                    o->seed.value_or(1337), 1);

@@ -1,0 +1,18 @@
+// 2-D convolution over NCHW tensors (im2col + BLAS GEMM on the CPU), differentiable in the
+// input, the weight and the bias. Weights use PyTorch's layout (C_out, C_in, kH, kW).
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor/tensor.h"
+
+namespace starling::ops {
+
+// x: (B, C_in, H, W), w: (C_out, C_in, kH, kW), bias: (C_out) or undefined, f32 or f64 (all
+// the same dtype) -> (B, C_out, H_out, W_out) with H_out = (H + 2 padding - kH) / stride + 1
+// (floor; likewise W_out). Zero padding on every side; cross-correlation, as torch.nn.Conv2d.
+// REQUIRES: stride >= 1, padding >= 0, H_out >= 1 and W_out >= 1 (aborts otherwise).
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(), int64_t stride = 1,
+              int64_t padding = 0);
+
+}  // namespace starling::ops

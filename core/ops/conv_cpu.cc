@@ -1,0 +1,221 @@
+// CPU conv2d: images are unfolded (im2col) a chunk of the batch at a time into a
+// (C_in kH kW, n H_out W_out) matrix, so one GEMM with the (C_out, C_in kH kW) weight serves
+// the whole chunk; the backward pass recomputes the columns instead of keeping them.
+#include <omp.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/autograd/autograd.h"
+#include "core/ops/conv.h"
+#include "core/ops/internal/op_util.h"
+#include "core/ops/matmul.h"
+
+namespace starling::ops {
+
+namespace {
+
+using internal::dispatch_float;
+using internal::gemm;
+
+// Largest im2col buffer (elements) of one chunk; a single image may exceed it.
+constexpr int64_t kColBudget = int64_t{1} << 20;
+
+struct ConvGeom {
+  int64_t b, ci, h, w, co, kh, kw, stride, pad, ho, wo;
+  int64_t krows() const { return ci * kh * kw; }
+  int64_t hw_out() const { return ho * wo; }
+  int64_t chunk() const {
+    return std::clamp<int64_t>(kColBudget / std::max<int64_t>(krows() * hw_out(), 1), 1, b);
+  }
+};
+
+// Output columns [lo, hi) whose input column ox * stride - pad + j lies inside [0, w).
+struct ColRange {
+  int64_t lo, hi;
+};
+inline ColRange valid_cols(const ConvGeom& g, int64_t j) {
+  const int64_t off = g.pad - j;  // input column = ox * stride - off
+  const int64_t lo = off > 0 ? (off + g.stride - 1) / g.stride : 0;
+  const int64_t last = g.w - 1 + off;  // ox * stride <= last
+  const int64_t hi = last < 0 ? 0 : std::min(g.wo, last / g.stride + 1);
+  return {std::min(lo, hi), hi};
+}
+
+// col (ci kh kw, n ho wo) from images [n0, n0 + n) of x (B, ci, h, w).
+template <typename T>
+void im2col(const ConvGeom& g, const T* x, int64_t n0, int64_t n, T* col) {
+  const int64_t cols = n * g.hw_out();
+#pragma omp parallel for collapse(2) if (g.krows() * cols > (1 << 15))
+  for (int64_t r = 0; r < g.krows(); ++r) {
+    for (int64_t img = 0; img < n; ++img) {
+      const int64_t c = r / (g.kh * g.kw), i = (r / g.kw) % g.kh, j = r % g.kw;
+      const T* plane = x + ((n0 + img) * g.ci + c) * g.h * g.w;
+      T* dst = col + r * cols + img * g.hw_out();
+      const ColRange cr = valid_cols(g, j);
+      for (int64_t oy = 0; oy < g.ho; ++oy) {
+        const int64_t y = oy * g.stride - g.pad + i;
+        T* drow = dst + oy * g.wo;
+        if (y < 0 || y >= g.h) {
+          std::fill(drow, drow + g.wo, T(0));
+          continue;
+        }
+        std::fill(drow, drow + cr.lo, T(0));
+        std::fill(drow + cr.hi, drow + g.wo, T(0));
+        const T* srow = plane + y * g.w;
+        const int64_t shift = j - g.pad;  // input column = ox * stride + shift
+        if (g.stride == 1) {
+          std::copy(srow + cr.lo + shift, srow + cr.hi + shift, drow + cr.lo);
+        } else {
+          for (int64_t ox = cr.lo; ox < cr.hi; ++ox) drow[ox] = srow[ox * g.stride + shift];
+        }
+      }
+    }
+  }
+}
+
+// gx[n0 + img] += fold(col): the adjoint of im2col. Each (image, channel) plane is written by
+// one thread only.
+template <typename T>
+void col2im_add(const ConvGeom& g, const T* col, int64_t n0, int64_t n, T* gx) {
+  const int64_t cols = n * g.hw_out();
+#pragma omp parallel for collapse(2) if (g.krows() * cols > (1 << 15))
+  for (int64_t img = 0; img < n; ++img) {
+    for (int64_t c = 0; c < g.ci; ++c) {
+      T* plane = gx + ((n0 + img) * g.ci + c) * g.h * g.w;
+      for (int64_t i = 0; i < g.kh; ++i) {
+        for (int64_t j = 0; j < g.kw; ++j) {
+          const T* src = col + ((c * g.kh + i) * g.kw + j) * cols + img * g.hw_out();
+          const ColRange cr = valid_cols(g, j);
+          for (int64_t oy = 0; oy < g.ho; ++oy) {
+            const int64_t y = oy * g.stride - g.pad + i;
+            if (y < 0 || y >= g.h) continue;
+            T* prow = plane + y * g.w;
+            const T* srow = src + oy * g.wo;
+            const int64_t shift = j - g.pad;
+            for (int64_t ox = cr.lo; ox < cr.hi; ++ox) prow[ox * g.stride + shift] += srow[ox];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride,
+              int64_t padding) {
+  const char* op = "conv2d";
+  STARLING_OP_CHECK(x.dim() == 4, op, "input must be (B, C_in, H, W), got " + shape_str(x.shape()));
+  STARLING_OP_CHECK(w.dim() == 4, op,
+                    "weight must be (C_out, C_in, kH, kW), got " + shape_str(w.shape()));
+  STARLING_OP_CHECK(x.dtype() == w.dtype(), op, "input and weight dtypes differ");
+  STARLING_OP_CHECK(
+      w.shape()[1] == x.shape()[1], op,
+      "input " + shape_str(x.shape()) + " does not match weight " + shape_str(w.shape()));
+  STARLING_OP_CHECK(stride >= 1 && padding >= 0, op,
+                    "stride must be >= 1 and padding >= 0, got stride " + std::to_string(stride) +
+                        " padding " + std::to_string(padding));
+  ConvGeom g{x.shape()[0],
+             x.shape()[1],
+             x.shape()[2],
+             x.shape()[3],
+             w.shape()[0],
+             w.shape()[2],
+             w.shape()[3],
+             stride,
+             padding,
+             0,
+             0};
+  STARLING_OP_CHECK(
+      g.h + 2 * padding >= g.kh && g.w + 2 * padding >= g.kw, op,
+      "kernel " + shape_str(w.shape()) + " larger than padded input " + shape_str(x.shape()));
+  g.ho = (g.h + 2 * padding - g.kh) / stride + 1;
+  g.wo = (g.w + 2 * padding - g.kw) / stride + 1;
+  const bool has_bias = bias.defined();
+  STARLING_OP_CHECK(!has_bias || (bias.numel() == g.co && bias.dtype() == x.dtype()), op,
+                    "bias must be (C_out) = (" + std::to_string(g.co) + ") of the input's dtype");
+  const Tensor xc = x.contiguous(), wc = w.contiguous();
+  const Tensor bc = has_bias ? bias.contiguous() : Tensor();
+  Tensor out = Tensor::uninitialized({g.b, g.co, g.ho, g.wo}, x.dtype());
+  dispatch_float(x.dtype(), op, [&]<typename T>() {
+    const int64_t chunk = g.chunk(), hwo = g.hw_out();
+    std::vector<T> col(static_cast<size_t>(g.krows() * chunk * hwo));
+    std::vector<T> tmp(static_cast<size_t>(g.co * chunk * hwo));
+    const T* px = xc.data<T>();
+    const T* pw = wc.data<T>();
+    const T* pb = has_bias ? bc.data<T>() : nullptr;
+    T* po = out.data<T>();
+    for (int64_t n0 = 0; n0 < g.b; n0 += chunk) {
+      const int64_t n = std::min(chunk, g.b - n0), cols = n * hwo;
+      im2col<T>(g, px, n0, n, col.data());
+      // tmp (co, n hwo) = W (co, krows) x col (krows, n hwo)
+      gemm<T>(false, false, g.co, cols, g.krows(), T(1), pw, g.krows(), col.data(), cols, T(0),
+              tmp.data(), cols);
+#pragma omp parallel for collapse(2) if (g.co * cols > (1 << 15))
+      for (int64_t img = 0; img < n; ++img) {
+        for (int64_t o = 0; o < g.co; ++o) {
+          const T* src = tmp.data() + o * cols + img * hwo;
+          T* dst = po + ((n0 + img) * g.co + o) * hwo;
+          const T bv = pb ? pb[o] : T(0);
+          for (int64_t p = 0; p < hwo; ++p) dst[p] = src[p] + bv;
+        }
+      }
+    }
+  });
+  if (!autograd::needs_grad({&x, &w, &bias})) return out;
+  const bool need_x = x.requires_grad(), need_w = w.requires_grad();
+  const Tensor dx = xc.detach(), dw = wc.detach();
+  return autograd::record(out, op, {x, w, bias},
+                          [dx, dw, g, has_bias, need_x, need_w](const Tensor& grad) {
+                            const Tensor gc = grad.contiguous();
+                            Tensor gx = need_x ? Tensor::zeros(dx.shape(), dx.dtype()) : Tensor();
+                            Tensor gw = Tensor::zeros(dw.shape(), dw.dtype());
+                            Tensor gb = has_bias ? Tensor::zeros({g.co}, dw.dtype()) : Tensor();
+                            dispatch_float(dw.dtype(), "conv2d", [&]<typename T>() {
+                              const int64_t chunk = g.chunk(), hwo = g.hw_out();
+                              std::vector<T> col(static_cast<size_t>(g.krows() * chunk * hwo));
+                              std::vector<T> gout(static_cast<size_t>(g.co * chunk * hwo));
+                              const T* pg = gc.data<T>();
+                              const T* pw = dw.data<T>();
+                              T* pgw = gw.data<T>();
+                              for (int64_t n0 = 0; n0 < g.b; n0 += chunk) {
+                                const int64_t n = std::min(chunk, g.b - n0), cols = n * hwo;
+                                // gout (co, n hwo): the chunk's output gradient in the GEMM's
+                                // layout.
+                                for (int64_t img = 0; img < n; ++img) {
+                                  for (int64_t o = 0; o < g.co; ++o) {
+                                    const T* src = pg + ((n0 + img) * g.co + o) * hwo;
+                                    std::copy(src, src + hwo, gout.data() + o * cols + img * hwo);
+                                  }
+                                }
+                                if (has_bias) {
+                                  T* pgb = gb.data<T>();
+                                  for (int64_t o = 0; o < g.co; ++o) {
+                                    T s = 0;
+                                    const T* row = gout.data() + o * cols;
+                                    for (int64_t p = 0; p < cols; ++p) s += row[p];
+                                    pgb[o] += s;
+                                  }
+                                }
+                                if (need_w) {
+                                  im2col<T>(g, dx.data<T>(), n0, n, col.data());
+                                  // gW (co, krows) += gout (co, cols) x col^T (cols, krows)
+                                  gemm<T>(false, true, g.co, g.krows(), cols, T(1), gout.data(),
+                                          cols, col.data(), cols, T(1), pgw, g.krows());
+                                }
+                                if (need_x) {
+                                  // gcol (krows, cols) = W^T (krows, co) x gout (co, cols), reusing
+                                  // `col`.
+                                  gemm<T>(true, false, g.krows(), cols, g.co, T(1), pw, g.krows(),
+                                          gout.data(), cols, T(0), col.data(), cols);
+                                  col2im_add<T>(g, col.data(), n0, n, gx.data<T>());
+                                }
+                              }
+                            });
+                            return std::vector<Tensor>{gx, need_w ? gw : Tensor(), gb};
+                          });
+}
+
+}  // namespace starling::ops

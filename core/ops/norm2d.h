@@ -1,0 +1,17 @@
+// Group normalization over NCHW tensors (Wu & He 2018), as torch.nn.GroupNorm.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor/tensor.h"
+
+namespace starling::ops {
+
+// x: (B, C, H, W) (or any (B, C, ...)), weight: (C), bias: (C) or undefined -> same shape.
+// The C channels are split into `groups` consecutive groups; each (image, group) is normalized
+// by its own mean and biased variance, then y = x_hat * weight[c] + bias[c].
+// REQUIRES: groups >= 1 divides C.
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
+                  double eps = 1e-5);
+
+}  // namespace starling::ops

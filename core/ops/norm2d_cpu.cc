@@ -1,0 +1,127 @@
+// CPU group norm: statistics per (image, group) in double accumulation, saved for backward.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/autograd/autograd.h"
+#include "core/ops/internal/op_util.h"
+#include "core/ops/norm2d.h"
+
+namespace starling::ops {
+
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  const char* op = "group_norm";
+  STARLING_OP_CHECK(x.dim() >= 2, op, "input must be (B, C, ...), got " + shape_str(x.shape()));
+  const int64_t b = x.shape()[0], c = x.shape()[1];
+  STARLING_OP_CHECK(
+      groups >= 1 && c % groups == 0, op,
+      std::to_string(groups) + " groups do not divide " + std::to_string(c) + " channels");
+  STARLING_OP_CHECK(weight.numel() == c && weight.dtype() == x.dtype(), op,
+                    "weight must be (C) = (" + std::to_string(c) + ") of the input's dtype");
+  const bool has_bias = bias.defined();
+  STARLING_OP_CHECK(!has_bias || (bias.numel() == c && bias.dtype() == x.dtype()), op,
+                    "bias must be (C) of the input's dtype");
+  const int64_t hw = x.numel() / (b * c), cg = c / groups, rows = b * groups, len = cg * hw;
+  const Tensor xc = x.contiguous(), wc = weight.contiguous();
+  const Tensor bc = has_bias ? bias.contiguous() : Tensor();
+  Tensor out = Tensor::uninitialized(x.shape(), x.dtype());
+  Tensor mean_t = Tensor::uninitialized({rows}, DType::kF64);
+  Tensor rstd_t = Tensor::uninitialized({rows}, DType::kF64);
+  internal::dispatch_float(x.dtype(), op, [&]<typename T>() {
+    const T* px = xc.data<T>();
+    const T* pw = wc.data<T>();
+    const T* pb = has_bias ? bc.data<T>() : nullptr;
+    T* po = out.data<T>();
+    double* pm = mean_t.data<double>();
+    double* pr = rstd_t.data<double>();
+#pragma omp parallel for if (x.numel() > (1 << 15))
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = px + r * len;
+      double m = 0;
+      for (int64_t j = 0; j < len; ++j) m += static_cast<double>(row[j]);
+      m /= static_cast<double>(len);
+      double v = 0;
+      for (int64_t j = 0; j < len; ++j) {
+        const double d = static_cast<double>(row[j]) - m;
+        v += d * d;
+      }
+      v /= static_cast<double>(len);
+      const double rs = 1.0 / std::sqrt(v + eps);
+      pm[r] = m;
+      pr[r] = rs;
+      const int64_t c0 = (r % groups) * cg;
+      T* orow = po + r * len;
+      for (int64_t ch = 0; ch < cg; ++ch) {
+        const T a = static_cast<T>(rs) * pw[c0 + ch];
+        const T sh = (pb ? pb[c0 + ch] : T(0)) - static_cast<T>(m) * a;
+        for (int64_t p = ch * hw; p < (ch + 1) * hw; ++p) orow[p] = row[p] * a + sh;
+      }
+    }
+  });
+  if (!autograd::needs_grad({&x, &weight, &bias})) return out;
+  return autograd::record(
+      out, op, {x, weight, bias},
+      [xc, wc, mean_t, rstd_t, has_bias, b, c, groups, hw, cg, rows, len](const Tensor& g) {
+        const Tensor gc = g.contiguous();
+        Tensor gx = Tensor::uninitialized(xc.shape(), xc.dtype());
+        Tensor gw = Tensor::uninitialized({c}, xc.dtype());
+        Tensor gb = Tensor::uninitialized({c}, xc.dtype());
+        internal::dispatch_float(xc.dtype(), "group_norm", [&]<typename T>() {
+          const T* px = xc.data<T>();
+          const T* pw = wc.data<T>();
+          const T* pg = gc.data<T>();
+          const double* pm = mean_t.data<double>();
+          const double* pr = rstd_t.data<double>();
+          T* pgx = gx.data<T>();
+          // Per (image, channel): sum(g) and sum(g x_hat), the pieces of every gradient.
+          std::vector<double> sg(static_cast<size_t>(b * c)), sgx(static_cast<size_t>(b * c));
+#pragma omp parallel for if (xc.numel() > (1 << 15))
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t c0 = (r % groups) * cg, img = r / groups;
+            const double m = pm[r], rs = pr[r];
+            const T* row = px + r * len;
+            const T* grow = pg + r * len;
+            // dx = rs (dxh - mean(dxh) - x_hat mean(dxh x_hat)), dxh = g w.
+            double mean_d = 0, mean_dx = 0;
+            for (int64_t ch = 0; ch < cg; ++ch) {
+              double s1 = 0, s2 = 0;
+              for (int64_t p = ch * hw; p < (ch + 1) * hw; ++p) {
+                const double gv = static_cast<double>(grow[p]);
+                s1 += gv;
+                s2 += gv * (static_cast<double>(row[p]) - m) * rs;
+              }
+              sg[static_cast<size_t>(img * c + c0 + ch)] = s1;
+              sgx[static_cast<size_t>(img * c + c0 + ch)] = s2;
+              mean_d += s1 * static_cast<double>(pw[c0 + ch]);
+              mean_dx += s2 * static_cast<double>(pw[c0 + ch]);
+            }
+            mean_d /= static_cast<double>(len);
+            mean_dx /= static_cast<double>(len);
+            T* gxrow = pgx + r * len;
+            for (int64_t ch = 0; ch < cg; ++ch) {
+              const double wv = static_cast<double>(pw[c0 + ch]);
+              for (int64_t p = ch * hw; p < (ch + 1) * hw; ++p) {
+                const double xh = (static_cast<double>(row[p]) - m) * rs;
+                gxrow[p] = static_cast<T>(
+                    rs * (static_cast<double>(grow[p]) * wv - mean_d - xh * mean_dx));
+              }
+            }
+          }
+          T* pgw = gw.data<T>();
+          T* pgb = gb.data<T>();
+          for (int64_t ch = 0; ch < c; ++ch) {
+            double w_sum = 0, b_sum = 0;
+            for (int64_t img = 0; img < b; ++img) {
+              w_sum += sgx[static_cast<size_t>(img * c + ch)];
+              b_sum += sg[static_cast<size_t>(img * c + ch)];
+            }
+            pgw[ch] = static_cast<T>(w_sum);
+            pgb[ch] = static_cast<T>(b_sum);
+          }
+        });
+        return std::vector<Tensor>{gx, gw, has_bias ? gb : Tensor()};
+      });
+}
+
+}  // namespace starling::ops

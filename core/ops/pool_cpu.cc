@@ -1,0 +1,165 @@
+// CPU pooling and upsampling: one (image, channel) plane per loop iteration, in parallel.
+#include <string>
+
+#include "core/autograd/autograd.h"
+#include "core/ops/internal/op_util.h"
+#include "core/ops/pool.h"
+
+namespace starling::ops {
+
+namespace {
+
+using internal::dispatch_float;
+
+void check_nchw(const Tensor& x, const char* op) {
+  STARLING_OP_CHECK(x.dim() == 4, op, "input must be (B, C, H, W), got " + shape_str(x.shape()));
+}
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride) {
+  const char* op = "max_pool2d";
+  check_nchw(x, op);
+  if (stride <= 0) stride = kernel;
+  const int64_t planes = x.shape()[0] * x.shape()[1], h = x.shape()[2], w = x.shape()[3];
+  STARLING_OP_CHECK(
+      kernel >= 1 && kernel <= h && kernel <= w, op,
+      "kernel " + std::to_string(kernel) + " does not fit input " + shape_str(x.shape()));
+  const int64_t ho = (h - kernel) / stride + 1, wo = (w - kernel) / stride + 1;
+  const Tensor xc = x.contiguous();
+  Tensor out = Tensor::uninitialized({x.shape()[0], x.shape()[1], ho, wo}, x.dtype());
+  // Flat index (within the plane) of each output's maximum, for the backward pass.
+  Tensor arg = Tensor::uninitialized({planes * ho * wo}, DType::kI32);
+  dispatch_float(x.dtype(), op, [&]<typename T>() {
+    const T* px = xc.data<T>();
+    T* po = out.data<T>();
+    int32_t* pa = arg.data<int32_t>();
+#pragma omp parallel for if (planes * ho * wo > (1 << 14))
+    for (int64_t p = 0; p < planes; ++p) {
+      const T* plane = px + p * h * w;
+      for (int64_t oy = 0; oy < ho; ++oy) {
+        for (int64_t ox = 0; ox < wo; ++ox) {
+          int64_t best = oy * stride * w + ox * stride;
+          for (int64_t i = 0; i < kernel; ++i) {
+            for (int64_t j = 0; j < kernel; ++j) {
+              const int64_t idx = (oy * stride + i) * w + ox * stride + j;
+              if (plane[idx] > plane[best]) best = idx;
+            }
+          }
+          const int64_t o = (p * ho + oy) * wo + ox;
+          po[o] = plane[best];
+          pa[o] = static_cast<int32_t>(best);
+        }
+      }
+    }
+  });
+  if (!autograd::needs_grad({&x})) return out;
+  const Shape xs = x.shape();
+  return autograd::record(out, op, {x}, [arg, xs, planes, h, w, ho, wo](const Tensor& g) {
+    const Tensor gc = g.contiguous();
+    Tensor gx = Tensor::zeros(xs, gc.dtype());
+    dispatch_float(gc.dtype(), "max_pool2d", [&]<typename T>() {
+      const T* pg = gc.data<T>();
+      const int32_t* pa = arg.data<int32_t>();
+      T* pgx = gx.data<T>();
+#pragma omp parallel for if (planes * ho * wo > (1 << 14))
+      for (int64_t p = 0; p < planes; ++p) {
+        for (int64_t o = p * ho * wo; o < (p + 1) * ho * wo; ++o) pgx[p * h * w + pa[o]] += pg[o];
+      }
+    });
+    return std::vector<Tensor>{gx};
+  });
+}
+
+Tensor avg_pool2d(const Tensor& x, int64_t kernel) {
+  const char* op = "avg_pool2d";
+  check_nchw(x, op);
+  const int64_t planes = x.shape()[0] * x.shape()[1], h = x.shape()[2], w = x.shape()[3];
+  STARLING_OP_CHECK(
+      kernel >= 1 && h % kernel == 0 && w % kernel == 0, op,
+      "kernel " + std::to_string(kernel) + " must divide H and W of " + shape_str(x.shape()));
+  const int64_t ho = h / kernel, wo = w / kernel;
+  const Tensor xc = x.contiguous();
+  Tensor out = Tensor::uninitialized({x.shape()[0], x.shape()[1], ho, wo}, x.dtype());
+  dispatch_float(x.dtype(), op, [&]<typename T>() {
+    const T* px = xc.data<T>();
+    T* po = out.data<T>();
+    const T scale = T(1) / static_cast<T>(kernel * kernel);
+#pragma omp parallel for if (planes * h * w > (1 << 15))
+    for (int64_t p = 0; p < planes; ++p) {
+      for (int64_t oy = 0; oy < ho; ++oy) {
+        for (int64_t ox = 0; ox < wo; ++ox) {
+          T s = 0;
+          for (int64_t i = 0; i < kernel; ++i) {
+            const T* row = px + p * h * w + (oy * kernel + i) * w + ox * kernel;
+            for (int64_t j = 0; j < kernel; ++j) s += row[j];
+          }
+          po[(p * ho + oy) * wo + ox] = s * scale;
+        }
+      }
+    }
+  });
+  if (!autograd::needs_grad({&x})) return out;
+  const Shape xs = x.shape();
+  return autograd::record(out, op, {x}, [xs, planes, h, w, ho, wo, kernel](const Tensor& g) {
+    const Tensor gc = g.contiguous();
+    Tensor gx = Tensor::uninitialized(xs, gc.dtype());
+    dispatch_float(gc.dtype(), "avg_pool2d", [&]<typename T>() {
+      const T* pg = gc.data<T>();
+      T* pgx = gx.data<T>();
+      const T scale = T(1) / static_cast<T>(kernel * kernel);
+#pragma omp parallel for if (planes * h * w > (1 << 15))
+      for (int64_t p = 0; p < planes; ++p) {
+        for (int64_t y = 0; y < h; ++y) {
+          for (int64_t xx = 0; xx < w; ++xx) {
+            pgx[(p * h + y) * w + xx] = pg[(p * ho + y / kernel) * wo + xx / kernel] * scale;
+          }
+        }
+      }
+    });
+    return std::vector<Tensor>{gx};
+  });
+}
+
+Tensor upsample_nearest2d(const Tensor& x, int64_t scale) {
+  const char* op = "upsample_nearest2d";
+  check_nchw(x, op);
+  STARLING_OP_CHECK(scale >= 1, op, "scale must be >= 1, got " + std::to_string(scale));
+  const int64_t planes = x.shape()[0] * x.shape()[1], h = x.shape()[2], w = x.shape()[3];
+  const int64_t ho = h * scale, wo = w * scale;
+  const Tensor xc = x.contiguous();
+  Tensor out = Tensor::uninitialized({x.shape()[0], x.shape()[1], ho, wo}, x.dtype());
+  dispatch_float(x.dtype(), op, [&]<typename T>() {
+    const T* px = xc.data<T>();
+    T* po = out.data<T>();
+#pragma omp parallel for if (planes * ho * wo > (1 << 15))
+    for (int64_t p = 0; p < planes; ++p) {
+      for (int64_t y = 0; y < ho; ++y) {
+        const T* src = px + (p * h + y / scale) * w;
+        T* dst = po + (p * ho + y) * wo;
+        for (int64_t xx = 0; xx < wo; ++xx) dst[xx] = src[xx / scale];
+      }
+    }
+  });
+  if (!autograd::needs_grad({&x})) return out;
+  const Shape xs = x.shape();
+  return autograd::record(out, op, {x}, [xs, planes, h, w, ho, wo, scale](const Tensor& g) {
+    const Tensor gc = g.contiguous();
+    Tensor gx = Tensor::zeros(xs, gc.dtype());
+    dispatch_float(gc.dtype(), "upsample_nearest2d", [&]<typename T>() {
+      const T* pg = gc.data<T>();
+      T* pgx = gx.data<T>();
+#pragma omp parallel for if (planes * ho * wo > (1 << 15))
+      for (int64_t p = 0; p < planes; ++p) {
+        for (int64_t y = 0; y < ho; ++y) {
+          const T* src = pg + (p * ho + y) * wo;
+          T* dst = pgx + (p * h + y / scale) * w;
+          for (int64_t xx = 0; xx < wo; ++xx) dst[xx / scale] += src[xx];
+        }
+      }
+    });
+    return std::vector<Tensor>{gx};
+  });
+}
+
+}  // namespace starling::ops

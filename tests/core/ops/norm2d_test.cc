@@ -1,0 +1,100 @@
+// group_norm, timestep_embedding and cat: values against plain loops and known numbers, and
+// float64 gradients against central differences.
+#include "core/ops/norm2d.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <vector>
+
+#include "core/ops/concat.h"
+#include "core/ops/time_embedding.h"
+#include "tests/testing/gradcheck.h"
+
+namespace starling::ops {
+namespace {
+
+using testing::gradcheck;
+using testing::rand64;
+
+TEST_CASE("group_norm matches per-group statistics", "[ops]") {
+  const int64_t b = 2, c = 6, h = 3, w = 4;
+  const auto groups = GENERATE(1, 2, 3, 6);
+  const Tensor x = rand64({b, c, h, w}, 1, 2.0), wt = rand64({c}, 2), bs = rand64({c}, 3);
+  const auto y = group_norm(x, groups, wt, bs).to_double_vector();
+  const auto vx = x.to_double_vector(), vw = wt.to_double_vector(), vb = bs.to_double_vector();
+  const int64_t cg = c / groups, len = cg * h * w;
+  for (int64_t n = 0; n < b; ++n) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t base = (n * c + g * cg) * h * w;
+      double m = 0, v = 0;
+      for (int64_t i = 0; i < len; ++i) m += vx[base + i];
+      m /= len;
+      for (int64_t i = 0; i < len; ++i) v += (vx[base + i] - m) * (vx[base + i] - m);
+      v /= len;
+      for (int64_t i = 0; i < len; ++i) {
+        const int64_t ch = g * cg + i / (h * w);
+        const double want = (vx[base + i] - m) / std::sqrt(v + 1e-5) * vw[ch] + vb[ch];
+        REQUIRE(y[base + i] == Approx(want).margin(1e-12));
+      }
+    }
+  }
+  // f32 agrees with f64.
+  REQUIRE(
+      max_abs_diff(group_norm(x.to(DType::kF32), groups, wt.to(DType::kF32), bs.to(DType::kF32)),
+                   group_norm(x, groups, wt, bs)) < 1e-4);
+}
+
+TEST_CASE("group_norm gradients match central differences", "[ops][grad]") {
+  const auto groups = GENERATE(1, 2, 4);
+  const auto r = gradcheck(
+      [groups](const std::vector<Tensor>& in) { return group_norm(in[0], groups, in[1], in[2]); },
+      {rand64({2, 4, 3, 2}, 1), rand64({4}, 2), rand64({4}, 3)});
+  INFO(r.worst);
+  REQUIRE(r.max_rel_error < 1e-6);
+  const auto r2 =
+      gradcheck([](const std::vector<Tensor>& in) { return group_norm(in[0], 2, in[1], Tensor()); },
+                {rand64({3, 4, 5}, 4), rand64({4}, 5)});
+  INFO(r2.worst);
+  REQUIRE(r2.max_rel_error < 1e-6);
+}
+
+TEST_CASE("timestep_embedding: values and gradient", "[ops][grad]") {
+  const Tensor t = Tensor::from_vector(std::vector<double>{0.0, 3.0, 250.0}, {3});
+  const auto e = timestep_embedding(t, 8).to_double_vector();
+  // f_i = 10000^(-i/3): 1, 0.0464, 0.00215, 0.0001.
+  for (int64_t n = 0; n < 3; ++n) {
+    const double tv = t.to_double_vector()[n];
+    for (int64_t i = 0; i < 4; ++i) {
+      const double f = std::pow(10000.0, -static_cast<double>(i) / 3.0);
+      REQUIRE(e[n * 8 + i] == Approx(std::sin(tv * f)).margin(1e-12));
+      REQUIRE(e[n * 8 + 4 + i] == Approx(std::cos(tv * f)).margin(1e-12));
+    }
+  }
+  REQUIRE(timestep_embedding(t, 2).to_double_vector()[2] == Approx(std::sin(3.0)));
+  const auto r =
+      gradcheck([](const std::vector<Tensor>& in) { return timestep_embedding(in[0], 10, 100.0); },
+                {rand64({4}, 1, 3.0)});
+  INFO(r.worst);
+  REQUIRE(r.max_rel_error < 1e-6);
+}
+
+TEST_CASE("cat joins along any dim and splits the gradient", "[ops][grad]") {
+  const Tensor a = Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2});
+  const Tensor b = Tensor::from_vector(std::vector<float>{5, 6}, {2, 1});
+  REQUIRE(cat({a, b}, 1).to_float_vector() == std::vector<float>{1, 2, 5, 3, 4, 6});
+  REQUIRE(cat({a, a}, 0).to_float_vector() == std::vector<float>{1, 2, 3, 4, 1, 2, 3, 4});
+  REQUIRE(cat({a, b}, -1).shape() == Shape{2, 3});
+  const auto dim = GENERATE(0, 1, 2, 3);
+  Shape s2 = {2, 3, 4, 2};
+  s2[dim] = 1;
+  const auto r = gradcheck(
+      [dim](const std::vector<Tensor>& in) {
+        return cat({in[0], in[1], in[0]}, dim);
+      },
+      {rand64({2, 3, 4, 2}, 1), rand64(s2, 2)});
+  INFO(r.worst);
+  REQUIRE(r.max_rel_error < 1e-6);
+}
+
+}  // namespace
+}  // namespace starling::ops
