@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+
+#include "core/wire/codec.pb.h"
 
 namespace starling::aggregator {
 namespace {
@@ -27,7 +30,106 @@ bool segment_is_bf16(const compress::Segment& s) {
   return false;
 }
 
+// Little-endian bytes of a wire array into `out`, reusing its capacity (same checks as
+// compress::parse_update).
+template <typename T>
+Status assign_array(const std::string& b, std::vector<T>& out, const char* field, int seg) {
+  if (b.size() % sizeof(T) != 0) {
+    return data_loss("segment " + std::to_string(seg) + ": field '" + field + "' has " +
+                     std::to_string(b.size()) + " bytes, not a whole number of elements");
+  }
+  out.resize(b.size() / sizeof(T));
+  if (!b.empty()) std::memcpy(out.data(), b.data(), b.size());
+  return ok_status();
+}
+
+// The wire message into `out` as compress::parse_update builds it, reusing out's arrays.
+Status convert_update(const v1::EncodedUpdate& msg, compress::EncodedUpdate& out) {
+  using compress::CodecKind;
+  using compress::ValueCoding;
+  out.numel = msg.numel();
+  out.segments.resize(static_cast<size_t>(msg.segments_size()));
+  for (int i = 0; i < msg.segments_size(); ++i) {
+    const v1::CodecSegment& p = msg.segments(i);
+    compress::Segment& s = out.segments[static_cast<size_t>(i)];
+    const int codec = static_cast<int>(p.codec());
+    if (codec < static_cast<int>(CodecKind::kIdentity) ||
+        codec > static_cast<int>(CodecKind::kSign)) {
+      return data_loss("segment " + std::to_string(i) + ": unknown codec id " +
+                       std::to_string(codec));
+    }
+    const int values = static_cast<int>(p.values());
+    if (values < 0 || values > static_cast<int>(ValueCoding::kInt8)) {
+      return data_loss("segment " + std::to_string(i) + ": unknown value coding " +
+                       std::to_string(values));
+    }
+    s.codec = static_cast<CodecKind>(codec);
+    s.values = static_cast<ValueCoding>(values);
+    s.offset = p.offset();
+    s.numel = p.numel();
+    s.shape.assign(p.shape().begin(), p.shape().end());
+    s.block = p.block();
+    s.levels = p.levels();
+    s.k = p.k();
+    s.rank = p.rank();
+    s.seed = p.seed();
+    RETURN_IF_ERROR(assign_array(p.f32(), s.f32, "f32", i));
+    RETURN_IF_ERROR(assign_array(p.u16(), s.u16, "u16", i));
+    RETURN_IF_ERROR(assign_array(p.i8(), s.i8, "i8", i));
+    RETURN_IF_ERROR(assign_array(p.scales(), s.scales, "scales", i));
+    RETURN_IF_ERROR(assign_array(p.indices(), s.indices, "indices", i));
+    RETURN_IF_ERROR(assign_array(p.bits(), s.bits, "bits", i));
+  }
+  return ok_status();
+}
+
 }  // namespace
+
+UpdateAccumulator::UpdateAccumulator(int64_t numel, AggregationRule rule)
+    : sum_(static_cast<size_t>(numel), 0.0f),
+      rule_(rule),
+      wire_(std::make_unique<v1::EncodedUpdate>()) {}
+UpdateAccumulator::~UpdateAccumulator() = default;
+UpdateAccumulator::UpdateAccumulator(UpdateAccumulator&&) noexcept = default;
+UpdateAccumulator& UpdateAccumulator::operator=(UpdateAccumulator&&) noexcept = default;
+
+std::vector<size_t> krum_select(const std::vector<std::vector<float>>& updates, int f, int m) {
+  const size_t n = updates.size();
+  // Pairwise squared distances in double: the scores of far-away outliers must not overflow.
+  std::vector<double> d2(n * n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = i + 1; j < n; ++j) {
+      double s = 0.0;
+      const auto& a = updates[i];
+      const auto& b = updates[j];
+      for (size_t k = 0; k < a.size(); ++k) {
+        const double d = static_cast<double>(a[k]) - static_cast<double>(b[k]);
+        s += d * d;
+      }
+      d2[i * n + j] = d2[j * n + i] = s;
+    }
+  }
+  const long long nearest_wanted = static_cast<long long>(n) - f - 2;
+  const size_t nearest = static_cast<size_t>(std::clamp<long long>(
+      nearest_wanted, 1, std::max<long long>(1, static_cast<long long>(n) - 1)));
+  std::vector<double> score(n, 0.0);
+  std::vector<double> row;
+  for (size_t i = 0; i < n; ++i) {
+    row.clear();
+    for (size_t j = 0; j < n; ++j) {
+      if (j != i) row.push_back(d2[i * n + j]);
+    }
+    const size_t take = std::min(nearest, row.size());
+    std::partial_sort(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(take), row.end());
+    for (size_t k = 0; k < take; ++k) score[i] += row[k];
+  }
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return score[a] < score[b]; });
+  order.resize(std::clamp<size_t>(static_cast<size_t>(std::max(m, 1)), 1, n));
+  return order;
+}
 
 bool update_is_finite(const compress::EncodedUpdate& update) {
   for (const auto& s : update.segments) {
@@ -38,8 +140,12 @@ bool update_is_finite(const compress::EncodedUpdate& update) {
 }
 
 Status UpdateAccumulator::fold_bytes(std::string_view bytes, float weight) {
-  ASSIGN_OR_RETURN(auto update, compress::parse_update(bytes), "malformed update");
-  return fold(update, weight);
+  if (bytes.size() > static_cast<size_t>(INT32_MAX) ||
+      !wire_->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return data_loss("malformed update: not a valid starling.v1.EncodedUpdate message");
+  }
+  RETURN_IF_ERROR(convert_update(*wire_, parsed_), "malformed update");
+  return fold(parsed_, weight);
 }
 
 Status UpdateAccumulator::fold(const compress::EncodedUpdate& update, float weight) {
@@ -87,6 +193,20 @@ void UpdateAccumulator::mean_into(std::span<float> out) const {
     return;
   }
   const size_t n = kept_.size();
+  if (rule_.rule == RobustRule::kKrum || rule_.rule == RobustRule::kMultiKrum) {
+    int m = 1;
+    if (rule_.rule == RobustRule::kMultiKrum) {
+      m = rule_.krum_m > 0 ? rule_.krum_m : static_cast<int>(n) - rule_.byzantine_f;
+    }
+    const auto chosen = krum_select(kept_, rule_.byzantine_f, m);
+    excluded_ = static_cast<int>(n - chosen.size());
+    for (size_t i = 0; i < sum_.size(); ++i) {
+      double s = 0.0;
+      for (size_t k : chosen) s += kept_[k][i];
+      out[i] = static_cast<float>(s / static_cast<double>(chosen.size()));
+    }
+    return;
+  }
   const size_t trim =
       rule_.rule == RobustRule::kTrimmedMean
           ? std::min((n - 1) / 2, static_cast<size_t>(rule_.trim_fraction * static_cast<double>(n)))
@@ -111,6 +231,7 @@ void UpdateAccumulator::reset() {
   total_ = 0.0;
   count_ = 0;
   clipped_ = 0;
+  excluded_ = 0;
 }
 
 }  // namespace starling::aggregator

@@ -7,11 +7,14 @@
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <optional>
 
 #include "aggregator/accumulator.h"
+#include "aggregator/monitor.h"
 #include "aggregator/round_state.h"
+#include "aggregator/upload_spill.h"
 #include "core/net/chunk_stream.h"
 #include "core/net/hello.h"
 #include "core/util/rng.h"
@@ -54,6 +57,9 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     bool selected = false;
     bool submitted = false;
     std::optional<net::ChunkReceiver> rx;
+    // Where rx's bytes go: memory (reserved from the shared budget) or a spill file.
+    std::unique_ptr<MemoryReservation> reserved;
+    std::unique_ptr<SpillFile> spill;
     v1::UpdateUpload upload;
     uint64_t base_version = 0;  // of the model it was sent
     float weight = 0.0f;        // of its upload: examples, times the staleness factor (FedBuff)
@@ -70,7 +76,9 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
         accumulator(static_cast<int64_t>(global.size()), options.rule),
         delta(global.size()),
         hook(std::move(h)),
-        deadline_timer(io_ctx) {}
+        deadline_timer(io_ctx) {
+    if (options.dp.enabled()) accountant.emplace();
+  }
 
   asio::io_context& io;
   AggregatorOptions options;
@@ -80,9 +88,11 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   UpdateAccumulator accumulator;
   std::vector<float> delta;
   RoundHook hook;
+  std::optional<RdpAccountant> accountant;  // central DP only
   std::unique_ptr<net::Server> server;
   asio::steady_timer deadline_timer;
 
+  uint64_t upload_memory_used = 0;  // declared before sessions: their reservations point here
   std::map<uint64_t, Session> sessions;
   uint64_t next_session = 1;
   uint64_t round = 0;  // completed
@@ -97,6 +107,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   int target = 0;
   int selected = 0;
   int rejected = 0;
+  int registered_at_start = 0;
   double loss_sum = 0.0;
   uint64_t bytes_in = 0;
   Clock::time_point started;
@@ -122,6 +133,11 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
                              [&](const auto& s) { return s.first == name; });
       if (it == st->slots.end()) return data_loss("round state lacks server_opt." + name);
       *slot = std::move(it->second);
+    }
+    if (accountant) {
+      // A state written without DP (or with another order set) cannot say what was spent.
+      RETURN_IF_ERROR(accountant->restore(std::move(st->dp_rdp)),
+                      "resuming the DP accountant from " + options.state_dir);
     }
     global = std::move(st->global);
     round = st->round;
@@ -152,7 +168,9 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       spdlog::info("aggregator: client {} left ({})", it->second.node_id, st.to_string());
     }
     const bool was_outstanding = it->second.selected && !it->second.submitted;
+    const bool was_registered = it->second.registered;
     sessions.erase(it);
+    if (options.monitor && was_registered) options.monitor->set_registered(registered_count());
     if (async()) {
       post_start();
     } else if (round_active && was_outstanding) {
@@ -225,6 +243,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
                                              wire::kDefaultMaxFrameBytes);
     send(s, reply);
     spdlog::info("aggregator: client {} registered ({} connected)", s.node_id, registered_count());
+    if (options.monitor) options.monitor->set_registered(registered_count());
     post_start();
   }
 
@@ -255,7 +274,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   void dispatch(Session& s) {
     s.selected = true;
     s.submitted = false;
-    s.rx.reset();
+    reset_upload(s);
     s.base_version = version;
     v1::Envelope plan;
     auto* p = plan.mutable_round_plan();
@@ -269,9 +288,9 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     p->set_seed(Rng(options.seed).fork(round + 1).fork(fnv1a(s.node_id)).next_u64());
     send(s, plan);
     if (s.pump) s.pump->cancel();
-    s.pump = std::make_shared<edge_client::ChunkPump>(s.conn, model_payload(), next_transfer++,
-                                                      options.chunk_bytes,
-                                                      std::string(edge_client::kModelContentType));
+    s.pump = std::make_shared<edge_client::ChunkPump>(
+        s.conn, model_payload(), next_transfer++, options.chunk_bytes,
+        std::string(edge_client::kModelContentType), options.download_window_bytes);
     v1::Envelope dl;
     auto* d = dl.mutable_model_download();
     d->set_round(round + 1);
@@ -300,6 +319,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       round_active = true;
       target = static_cast<int>(options.buffer_size);
       started = Clock::now();
+      if (options.monitor) options.monitor->round_started(round + 1, 0);
     }
     const size_t concurrency = std::max<size_t>(
         1, std::max<size_t>(options.clients_per_round,
@@ -343,6 +363,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     }
     target = static_cast<int>(want);
     selected = static_cast<int>(pick);
+    registered_at_start = static_cast<int>(registered_count());
     rejected = 0;
     loss_sum = 0.0;
     bytes_in = 0;
@@ -351,6 +372,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     started = Clock::now();
 
     for (size_t i = 0; i < pick; ++i) dispatch(*idle[i]);
+    if (options.monitor) options.monitor->round_started(round + 1, static_cast<int>(pick));
     spdlog::info("aggregator: round {} started: {} selected for {} updates ({} available)",
                  round + 1, pick, want, available);
     deadline_timer.expires_after(options.round_deadline);
@@ -364,10 +386,23 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
         });
   }
 
+  void reset_upload(Session& s) {
+    s.rx.reset();
+    s.reserved.reset();
+    s.spill.reset();
+  }
+
+  std::filesystem::path spill_dir() const {
+    if (!options.spill_dir.empty()) return options.spill_dir;
+    if (!options.state_dir.empty()) return std::filesystem::path(options.state_dir) / "spill";
+    return std::filesystem::temp_directory_path();
+  }
+
   void reject_update(Session& s, const Status& why) {
     ++rejected;
+    if (options.monitor) options.monitor->update_rejected();
     s.submitted = true;
-    s.rx.reset();
+    reset_upload(s);
     if (async()) s.selected = false;
     spdlog::warn("aggregator: round {}: update from {} rejected: {}", round + 1, s.node_id,
                  why.to_string());
@@ -388,7 +423,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
           s, invalid_argument("update against model version " + std::to_string(u.base_version()) +
                               ", sent " + std::to_string(s.base_version)));
     }
-    s.weight = static_cast<float>(u.num_samples());
+    // DP-FedAvg bounds each client's influence: every clipped update counts once.
+    s.weight = options.dp.enabled() ? 1.0f : static_cast<float>(u.num_samples());
     if (async()) {
       const uint64_t staleness = version - s.base_version;
       if (staleness > options.max_staleness) {
@@ -404,7 +440,22 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     }
     const uint64_t limit =
         options.max_update_bytes ? options.max_update_bytes : global.size() * 8 + (1u << 20);
-    auto rx = net::ChunkReceiver::create_buffered(u.transfer(), limit);
+    // In memory while the uploads in flight fit the budget, else on disk: memory stays bounded
+    // however many clients upload at once.
+    s.reserved = MemoryReservation::take(&upload_memory_used, options.upload_memory_bytes,
+                                         u.transfer().total_bytes());
+    Result<net::ChunkReceiver> rx = unavailable("no receiver");
+    if (s.reserved || u.transfer().total_bytes() > limit) {
+      rx = net::ChunkReceiver::create_buffered(u.transfer(), limit);
+    } else {
+      auto spill = SpillFile::create(spill_dir());
+      if (!spill.ok()) return reject_update(s, spill.status());
+      s.spill = std::move(*spill);
+      rx = net::ChunkReceiver::create(
+          u.transfer(), limit, [file = s.spill.get()](uint64_t offset, std::string_view data) {
+            return file->write(offset, data);
+          });
+    }
     if (!rx.ok()) return reject_update(s, rx.status());
     s.rx.emplace(std::move(*rx));
     s.upload = u;
@@ -414,6 +465,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   void on_chunk(Session& s, const v1::Chunk& c) {
     if (!s.rx || c.transfer_id() != s.upload.transfer().transfer_id()) return;  // stale
     const Status st = s.rx->accept(c);
+    if (options.monitor) options.monitor->bytes_received(c.data().size());
     if (st.code() == StatusCode::kDataLoss) {
       v1::Envelope ack;
       *ack.mutable_chunk_ack() = s.rx->ack();
@@ -426,13 +478,21 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   void finish_upload(Session& s) {
     Status st = s.rx->finish();
     if (!st.ok()) return reject_update(s, st);
-    const std::string payload = s.rx->take_payload();
-    s.rx.reset();
+    std::string payload;
+    if (s.spill) {
+      auto bytes = s.spill->read(s.upload.transfer().total_bytes());
+      if (!bytes.ok()) return reject_update(s, bytes.status());
+      payload = std::move(*bytes);
+    } else {
+      payload = s.rx->take_payload();
+    }
+    reset_upload(s);
     st = accumulator.fold_bytes(payload, s.weight);
     if (!st.ok()) return reject_update(s, st);
     s.submitted = true;
     if (async()) s.selected = false;
     bytes_in += payload.size();
+    if (options.monitor) options.monitor->update_folded();
     loss_sum += static_cast<double>(s.upload.train_loss()) * static_cast<double>(s.weight);
     v1::Envelope ack;
     ack.mutable_chunk_ack()->set_transfer_id(s.upload.transfer().transfer_id());
@@ -471,7 +531,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       deadline_timer.cancel();
       for (auto& [sid, s] : sessions) {
         s.selected = false;
-        s.rx.reset();
+        reset_upload(s);
       }
     }
     RoundReport report;
@@ -484,8 +544,27 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     report.mean_train_loss = loss_sum / accumulator.total_weight();
     report.update_bytes = bytes_in;
     report.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    report.registered = registered_at_start;
 
-    accumulator.mean_into(delta);
+    if (accountant) {
+      // Fixed denominator: the expected number of updates, so that one client's influence on
+      // the mean is at most clip_norm / target whatever the others sent.
+      const double expected = std::max(1, target);
+      const auto sum = accumulator.sum();
+      for (size_t i = 0; i < delta.size(); ++i) {
+        delta[i] = static_cast<float>(sum[i] / expected);
+      }
+      const double noise_std = options.dp.noise_multiplier * options.dp.clip_norm / expected;
+      Rng noise = Rng(options.dp.seed).fork(round + 1);
+      add_gaussian_noise(delta, noise_std, noise);
+      const double q = std::min(1.0, expected / std::max(1, registered_at_start));
+      accountant->compose(q, options.dp.noise_multiplier);
+      report.dp_noise_std = noise_std;
+      report.dp_epsilon = accountant->spent(options.dp.delta).epsilon;
+    } else {
+      accumulator.mean_into(delta);
+      report.excluded = accumulator.excluded();
+    }
     optimizer.apply(global, delta);
     ++round;
     ++version;
@@ -497,6 +576,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       st.strategy = std::string(strategy_name(options.strategy.kind));
       st.global = global;
       for (auto& [name, slot] : optimizer.slots()) st.slots.emplace_back(name, *slot);
+      if (accountant) st.dp_rdp.assign(accountant->rdp().begin(), accountant->rdp().end());
       const Status saved = save_round_state(options.state_dir, layout, st);
       if (!saved.ok()) {
         error = saved.with_context("checkpoint after round " + std::to_string(round));
@@ -507,6 +587,11 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     spdlog::info("aggregator: round {} closed: {} updates ({} rejected), weight {}, loss {:.4f}",
                  report.round, report.updates, report.rejected, report.total_weight,
                  report.mean_train_loss);
+    if (accountant) {
+      spdlog::info("aggregator: round {}: DP noise std {:.3g}, epsilon {:.4f} at delta {:g}",
+                   report.round, report.dp_noise_std, report.dp_epsilon, options.dp.delta);
+    }
+    if (options.monitor) options.monitor->round_closed(report);
     if (async()) {  // the buffer restarts; clients in flight keep training
       accumulator.reset();
       selected = 0;
@@ -541,6 +626,19 @@ Result<std::unique_ptr<Aggregator>> Aggregator::create(asio::io_context& io,
                                                        compress::Layout layout,
                                                        std::vector<float> initial, RoundHook hook) {
   ASSIGN_OR_RETURN(const int64_t numel, compress::validate_layout(layout), "aggregator");
+  if (options.download_window_bytes == 0) {
+    return invalid_argument("aggregator: download_window_bytes must be positive");
+  }
+  if (options.dp.enabled()) {
+    if (options.rule.rule != RobustRule::kMean || options.buffer_size > 0) {
+      return invalid_argument(
+          "aggregator: central DP needs the MEAN rule and synchronous rounds (buffer_size 0)");
+    }
+    if (!(options.dp.noise_multiplier >= 0) || !(options.dp.delta > 0 && options.dp.delta < 1)) {
+      return invalid_argument("aggregator: DP noise_multiplier must be >= 0, delta in (0, 1)");
+    }
+    options.rule.clip_norm = options.dp.clip_norm;
+  }
   if (numel != static_cast<int64_t>(initial.size())) {
     return invalid_argument("aggregator: initial model has " + std::to_string(initial.size()) +
                             " values, layout " + std::to_string(numel));

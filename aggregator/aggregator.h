@@ -15,12 +15,15 @@
 #include <vector>
 
 #include "aggregator/accumulator.h"
+#include "aggregator/dp.h"
 #include "aggregator/strategy.h"
 #include "core/compress/codec.h"
 #include "core/net/server.h"
 #include "core/util/status.h"
 
 namespace starling::aggregator {
+
+class Monitor;
 
 struct AggregatorOptions {
   net::ServerOptions server;
@@ -36,7 +39,13 @@ struct AggregatorOptions {
   std::chrono::milliseconds round_deadline{60'000};
   uint64_t seed = 1;  // selection and the per-client seeds of round plans
   StrategyOptions strategy;
-  AggregationRule rule;  // mean (streaming), median, trimmed mean; norm clipping
+  AggregationRule rule;  // mean (streaming), median, trimmed mean, Krum; norm clipping
+  // Central DP (see dp.h) when dp.enabled(): updates are clipped to dp.clip_norm (replacing
+  // rule.clip_norm) and weighted 1, the mean has a fixed denominator (the round's target) and
+  // Gaussian noise. REQUIRES: rule.rule == kMean and buffer_size == 0 (create() checks).
+  DpOptions dp;
+  // Prometheus metrics and status page (monitor.h); null: none. Must run on the same io_context.
+  std::shared_ptr<Monitor> monitor;
   // What the round plan asks of clients.
   uint32_t local_steps = 0;
   uint32_t batch_size = 10;
@@ -53,6 +62,14 @@ struct AggregatorOptions {
   std::string state_dir;
   uint32_t chunk_bytes = 1u << 20;
   uint64_t max_update_bytes = 0;  // 0: 8 bytes per parameter + 1 MiB
+  // Uploads in flight (compressed bytes, one per uploading client) are held in memory while
+  // their total stays within this; the others go to unlinked files in spill_dir (empty:
+  // <state_dir>/spill, or the system's temp dir without a state_dir). Each is folded, one at a
+  // time, when its last chunk arrives, so the server's memory does not grow with the clients.
+  uint64_t upload_memory_bytes = 256ull << 20;
+  std::string spill_dir;
+  // Model download bytes queued per connection at most (beyond the chunk being written).
+  size_t download_window_bytes = 8u << 20;
 };
 
 // What happened in one completed round.
@@ -62,10 +79,14 @@ struct RoundReport {
   int updates = 0;   // folded
   int rejected = 0;  // malformed, non-finite, checksum failures
   int clipped = 0;   // scaled down to the clip norm
+  int excluded = 0;  // Krum / Multi-Krum: folded but left out of the mean
   double total_weight = 0.0;
   double mean_train_loss = 0.0;  // weighted by examples
   uint64_t update_bytes = 0;     // compressed update bytes received and folded
   double seconds = 0.0;
+  int registered = 0;         // clients registered when the round started
+  double dp_epsilon = 0.0;    // privacy spent so far at dp.delta (0 without DP)
+  double dp_noise_std = 0.0;  // per coordinate, this round
 };
 
 // Not thread-safe: every call and handler runs on the io_context thread. Destroying it aborts

@@ -39,8 +39,29 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
   check(c.data().num_clients() > 0, "data.num_clients", "must be positive");
   check(c.data().alpha() > 0, "data.alpha", "must be positive");
   check(c.data().shards_per_client() > 0, "data.shards_per_client", "must be positive");
-  check(c.data().dataset() == "mnist" || c.data().dataset() == "fashion-mnist", "data.dataset",
-        "must be mnist or fashion-mnist");
+  check(c.data().dataset() == "mnist" || c.data().dataset() == "fashion-mnist" ||
+            c.data().dataset() == "shakespeare",
+        "data.dataset", "must be mnist, fashion-mnist or shakespeare");
+  const bool roles = c.data().partition() == v1::FedDataConfig::ROLES;
+  check(roles == (c.data().dataset() == "shakespeare"), "data.partition",
+        "must be ROLES exactly when data.dataset is shakespeare");
+  check((c.model().arch() == v1::FedModelConfig::GPT) == (c.data().dataset() == "shakespeare"),
+        "model.arch", "must be GPT exactly when data.dataset is shakespeare");
+  check(c.data().test_fraction() > 0 && c.data().test_fraction() < 0.5, "data.test_fraction",
+        "must be in (0, 0.5)");
+  if (c.model().arch() == v1::FedModelConfig::CNN) {
+    check(c.model().cnn_channels1() > 0 && c.model().cnn_channels2() > 0 && c.model().cnn_fc() > 0,
+          "model.cnn_channels1", "cnn_channels1, cnn_channels2 and cnn_fc must be positive");
+  }
+  if (c.model().arch() == v1::FedModelConfig::GPT) {
+    check(c.model().n_layer() > 0 && c.model().n_head() > 0 && c.model().block_size() > 1,
+          "model.n_layer", "n_layer, n_head must be positive and block_size above 1");
+    check(c.model().n_head() > 0 && c.model().n_embd() > 0 &&
+              c.model().n_embd() % c.model().n_head() == 0,
+          "model.n_embd", "must be a positive multiple of model.n_head");
+    check(c.data().min_role_chars() > c.model().block_size(), "data.min_role_chars",
+          "must exceed model.block_size (each client needs one training window)");
+  }
   check(c.model().hidden() > 0, "model.hidden", "must be positive");
   check(c.client().partition_index() < c.data().num_clients(), "client.partition_index",
         "must be below data.num_clients");
@@ -49,6 +70,40 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
   check(c.robust().trim_fraction() >= 0 && c.robust().trim_fraction() < 0.5, "robust.trim_fraction",
         "must be in [0, 0.5)");
   check(c.robust().clip_norm() >= 0, "robust.clip_norm", "must be >= 0");
+  const bool krum = c.robust().rule() == v1::FedRobustConfig::KRUM ||
+                    c.robust().rule() == v1::FedRobustConfig::MULTI_KRUM;
+  if (krum) {
+    const uint32_t need = 2 * c.robust().byzantine_f() + 3;
+    check(c.rounds().min_updates() >= need, "rounds.min_updates",
+          ("must be at least 2 * robust.byzantine_f + 3 = " + std::to_string(need) +
+           " for KRUM / MULTI_KRUM")
+              .c_str());
+    check(c.rounds().min_available() >= need, "rounds.min_available",
+          ("must be at least 2 * robust.byzantine_f + 3 = " + std::to_string(need) +
+           " for KRUM / MULTI_KRUM")
+              .c_str());
+    check(c.rounds().clients_per_round() >= need, "rounds.clients_per_round",
+          ("must be at least 2 * robust.byzantine_f + 3 = " + std::to_string(need) +
+           " for KRUM / MULTI_KRUM")
+              .c_str());
+  }
+  check(c.robust().krum_m() == 0 || c.robust().rule() == v1::FedRobustConfig::MULTI_KRUM,
+        "robust.krum_m", "applies to MULTI_KRUM only");
+  check(c.dp().clip_norm() >= 0 && std::isfinite(c.dp().clip_norm()), "dp.clip_norm",
+        "must be >= 0");
+  if (c.dp().clip_norm() > 0) {
+    check(c.dp().noise_multiplier() >= 0 && std::isfinite(c.dp().noise_multiplier()),
+          "dp.noise_multiplier", "must be >= 0");
+    check(c.dp().delta() > 0 && c.dp().delta() < 1, "dp.delta", "must be in (0, 1)");
+    check(c.robust().rule() == v1::FedRobustConfig::MEAN, "dp.clip_norm",
+          "needs robust.rule MEAN (DP-FedAvg averages every clipped update)");
+    check(c.robust().clip_norm() == 0, "robust.clip_norm",
+          "must be 0 when dp.clip_norm clips the updates");
+    check(c.rounds().buffer_size() == 0, "dp.clip_norm",
+          "needs synchronous rounds (rounds.buffer_size 0)");
+  }
+  check(c.server().metrics_port() <= 65535, "server.metrics_port", "must be a TCP port (0: off)");
+  check(c.server().download_window_kb() > 0, "server.download_window_kb", "must be positive");
   if (!errors.empty()) return invalid_argument("invalid federation config:" + errors);
   return ok_status();
 }
@@ -101,6 +156,9 @@ AggregatorOptions aggregator_options(const v1::FederationConfig& c) {
   o.learning_rate = c.local().learning_rate();
   o.codec = c.local().codec();
   o.state_dir = c.server().state_dir();
+  o.upload_memory_bytes = static_cast<uint64_t>(c.server().upload_memory_mb()) << 20;
+  o.spill_dir = c.server().spill_dir();
+  o.download_window_bytes = static_cast<size_t>(c.server().download_window_kb()) << 10;
   switch (c.robust().rule()) {
     case v1::FedRobustConfig::MEAN:
       o.rule.rule = RobustRule::kMean;
@@ -111,7 +169,19 @@ AggregatorOptions aggregator_options(const v1::FederationConfig& c) {
     case v1::FedRobustConfig::TRIMMED_MEAN:
       o.rule.rule = RobustRule::kTrimmedMean;
       break;
+    case v1::FedRobustConfig::KRUM:
+      o.rule.rule = RobustRule::kKrum;
+      break;
+    case v1::FedRobustConfig::MULTI_KRUM:
+      o.rule.rule = RobustRule::kMultiKrum;
+      break;
   }
+  o.rule.byzantine_f = static_cast<int>(c.robust().byzantine_f());
+  o.rule.krum_m = static_cast<int>(c.robust().krum_m());
+  o.dp.clip_norm = c.dp().clip_norm();
+  o.dp.noise_multiplier = c.dp().noise_multiplier();
+  o.dp.delta = c.dp().delta();
+  o.dp.seed = c.dp().seed();
   o.rule.trim_fraction = c.robust().trim_fraction();
   o.rule.clip_norm = c.robust().clip_norm();
   return o;
@@ -120,6 +190,12 @@ AggregatorOptions aggregator_options(const v1::FederationConfig& c) {
 edge_client::MnistTrainerOptions trainer_options(const v1::FederationConfig& c) {
   edge_client::MnistTrainerOptions o;
   o.hidden = c.model().hidden();
+  if (c.model().arch() == v1::FedModelConfig::CNN) {
+    o.model = edge_client::MnistModel::kCnn;
+    o.cnn.channels1 = c.model().cnn_channels1();
+    o.cnn.channels2 = c.model().cnn_channels2();
+    o.cnn.hidden = c.model().cnn_fc();
+  }
   o.epochs = c.local().epochs();
   o.prox_mu = c.local().prox_mu();
   return o;
@@ -142,13 +218,14 @@ Result<data::Partition> make_partition(const v1::FederationConfig& c, const data
     case v1::FedDataConfig::SHARDS:
       return data::partition_shards(
           train.labels, clients, static_cast<int>(c.data().shards_per_client()), c.data().seed());
+    case v1::FedDataConfig::ROLES:
+      return invalid_argument("data.partition ROLES splits Shakespeare text, not images");
   }
   return invalid_argument("unknown partition");
 }
 
-std::unique_ptr<models::Mlp> make_model(const v1::FederationConfig& c, int64_t pixels) {
-  return std::make_unique<models::Mlp>(models::MlpConfig{pixels, c.model().hidden(), 10},
-                                       c.model().seed());
+std::unique_ptr<models::Classifier> make_model(const v1::FederationConfig& c, int64_t pixels) {
+  return edge_client::make_mnist_model(trainer_options(c), pixels, c.model().seed());
 }
 
 Result<std::unique_ptr<MetricsLog>> MetricsLog::open(const std::filesystem::path& path) {

@@ -34,8 +34,9 @@ Result<std::shared_ptr<const data::MnistSet>> load_split(const v1::FederationCon
 // Every client's examples, as [data] asks (the same on every node: it is seeded).
 Result<data::Partition> make_partition(const v1::FederationConfig& config,
                                        const data::MnistSet& train);
-// The initial global model: the 2NN with [model] hidden and seed.
-std::unique_ptr<models::Mlp> make_model(const v1::FederationConfig& config, int64_t pixels);
+// The initial global model of an image task: the 2NN ([model] hidden) or the CNN ([model]
+// arch = "CNN", cnn_*), from [model] seed.
+std::unique_ptr<models::Classifier> make_model(const v1::FederationConfig& config, int64_t pixels);
 
 // JSON lines appended to a file, flushed after each line. A failed open leaves it disabled.
 class MetricsLog {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <system_error>
 
+#include "aggregator/dp.h"
 #include "core/io/safetensors.h"
 #include "core/net/chunk_stream.h"
 
@@ -81,6 +82,7 @@ Status save_round_state(const fs::path& dir, const compress::Layout& layout,
       {"strategy", state.strategy},
       {"sha256", digest(sd)},
   };
+  if (!state.dp_rdp.empty()) md["dp_rdp"] = rdp_to_text(state.dp_rdp);
   return io::save_safetensors(dir / kStateFile, sd, md).with_context("saving the round state");
 }
 
@@ -97,6 +99,9 @@ Result<RoundState> load_round_state(const fs::path& dir, const compress::Layout&
   ASSIGN_OR_RETURN(st.round, parse_u64(file.metadata, "round"));
   ASSIGN_OR_RETURN(st.model_version, parse_u64(file.metadata, "model_version"));
   st.strategy = file.metadata["strategy"];
+  if (auto dp = file.metadata.find("dp_rdp"); dp != file.metadata.end()) {
+    ASSIGN_OR_RETURN(st.dp_rdp, rdp_from_text(dp->second), path.string());
+  }
   ASSIGN_OR_RETURN(const int64_t numel, compress::validate_layout(layout));
   st.global.assign(static_cast<size_t>(numel), 0.0f);
   size_t next = 0;

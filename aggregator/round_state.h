@@ -20,6 +20,9 @@ struct RoundState {
   std::vector<float> global;   // flat model, in layout order
   // Server optimizer slots ("m", "v"), each of the model's size.
   std::vector<std::pair<std::string, std::vector<float>>> slots;
+  // The DP accountant's accumulated RDP, one value per order (empty without DP); kept in the
+  // metadata as exact hex floats.
+  std::vector<double> dp_rdp;
 };
 
 // File names inside the state directory.

@@ -29,3 +29,19 @@ if(STARLING_BUILD_TESTS)
   find_package(Catch2 2 REQUIRED)
 endif()
 find_package(CURL REQUIRED)
+# prometheus-cpp (prometheus-cpp-dev): the aggregator's metrics registry and text format.
+find_package(prometheus-cpp CONFIG QUIET COMPONENTS core)
+if(NOT TARGET prometheus-cpp::core)
+  # On a multiarch host the -dev package of the other architecture may hold the headers and
+  # CMake files (only one can be installed); this architecture's runtime library still is.
+  find_path(STARLING_PROMETHEUS_INC prometheus/registry.h)
+  find_library(STARLING_PROMETHEUS_CORE NAMES prometheus-cpp-core libprometheus-cpp-core.so.1.0)
+  if(NOT STARLING_PROMETHEUS_INC OR NOT STARLING_PROMETHEUS_CORE)
+    message(FATAL_ERROR "prometheus-cpp not found: install prometheus-cpp-dev (scripts/deps.sh)")
+  endif()
+  message(STATUS "starling: prometheus-cpp core ${STARLING_PROMETHEUS_CORE} (no CMake package)")
+  add_library(prometheus-cpp::core UNKNOWN IMPORTED)
+  set_target_properties(prometheus-cpp::core PROPERTIES
+    IMPORTED_LOCATION ${STARLING_PROMETHEUS_CORE}
+    INTERFACE_INCLUDE_DIRECTORIES ${STARLING_PROMETHEUS_INC})
+endif()

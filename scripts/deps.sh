@@ -11,8 +11,28 @@ PACKAGES=(
   libasio-dev libssl-dev openssl
   libpcre2-dev zlib1g-dev
   libcurl4-openssl-dev
+  prometheus-cpp-dev
   catch2
 )
+# --arm64: also the cross toolchain, qemu-user and the arm64 multiarch -dev packages of every
+# compiled library above (the arm64 preset, docs/edge.md).
+ARM64=0
+for arg in "$@"; do
+  case "$arg" in
+    --arm64) ARM64=1 ;;
+    *) echo "deps.sh: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+if ((ARM64)); then
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    ${SUDO_CMD:-$([[ $(id -u) -ne 0 ]] && echo sudo)} dpkg --add-architecture arm64
+    ${SUDO_CMD:-$([[ $(id -u) -ne 0 ]] && echo sudo)} apt-get update -qq
+  fi
+  PACKAGES+=(crossbuild-essential-arm64 qemu-user
+    libopenblas-openmp-dev:arm64 libspdlog-dev:arm64 libfmt-dev:arm64 libtomlplusplus-dev:arm64
+    libprotobuf-dev:arm64 libssl-dev:arm64 libpcre2-dev:arm64 zlib1g-dev:arm64
+    libcurl4-openssl-dev:arm64 libprometheus-cpp-core1.0:arm64)
+fi
 if [[ "${STARLING_DEPS_EXTRA:-}" != "" ]]; then
   read -r -a extra <<<"${STARLING_DEPS_EXTRA}"
   PACKAGES+=("${extra[@]}")

@@ -3,6 +3,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -94,6 +95,26 @@ Result<MnistSet> load_mnist_split(const std::filesystem::path& data_dir, std::st
   ASSIGN_OR_RETURN(auto images, resolve_dataset_file(data_dir, prefix + "images"));
   ASSIGN_OR_RETURN(auto labels, resolve_dataset_file(data_dir, prefix + "labels"));
   return load_mnist(images, labels);
+}
+
+Result<MnistSet> subset(const MnistSet& set, std::span<const int64_t> indices) {
+  MnistSet out;
+  out.rows = set.rows;
+  out.cols = set.cols;
+  const auto px = static_cast<size_t>(set.pixels());
+  out.images.resize(indices.size() * px);
+  out.labels.resize(indices.size());
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const int64_t i = indices[k];
+    if (i < 0 || i >= set.size()) {
+      return out_of_range("example index " + std::to_string(i) + " (position " + std::to_string(k) +
+                          ") outside a set of " + std::to_string(set.size()));
+    }
+    std::copy_n(set.images.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(i) * px), px,
+                out.images.begin() + static_cast<ptrdiff_t>(k * px));
+    out.labels[k] = set.labels[static_cast<size_t>(i)];
+  }
+  return out;
 }
 
 }  // namespace starling::data

@@ -31,5 +31,8 @@ Result<MnistSet> load_mnist(const std::filesystem::path& images,
 // The train or test split of a named dataset ("mnist", "fashion-mnist") under data_dir.
 Result<MnistSet> load_mnist_split(const std::filesystem::path& data_dir, std::string_view dataset,
                                   bool train);
+// The examples at `indices`, in that order, as a set of their own (an edge client keeps only
+// its partition in memory). OutOfRange names the first index outside [0, set.size()).
+Result<MnistSet> subset(const MnistSet& set, std::span<const int64_t> indices);
 
 }  // namespace starling::data

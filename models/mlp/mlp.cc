@@ -38,12 +38,12 @@ Tensor Mlp::forward(const Tensor& x) const {
   return fc3_->forward(h);
 }
 
-EvalResult evaluate(const Mlp& model, const float* images, const int32_t* labels, int64_t n,
+EvalResult evaluate(const Classifier& model, const float* images, const int32_t* labels, int64_t n,
                     int64_t batch) {
   autograd::NoGradGuard no_grad;
   EvalResult r;
-  const int64_t in = model.config().in;
-  const int64_t classes = model.config().classes;
+  const int64_t in = model.in_features();
+  const int64_t classes = model.classes();
   double loss_sum = 0.0;
   int64_t correct = 0;
   for (int64_t at = 0; at < n; at += batch) {

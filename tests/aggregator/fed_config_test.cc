@@ -51,3 +51,81 @@ TEST_CASE("bad federation configs name the key", "[aggregator]") {
 
 }  // namespace
 }  // namespace starling::aggregator
+
+namespace starling::aggregator {
+namespace {
+
+TEST_CASE("Krum, DP and metrics keys reach the aggregator options", "[aggregator]") {
+  v1::FederationConfig c;
+  REQUIRE(config::parse_toml(R"([server]
+metrics_port = 9464
+upload_memory_mb = 8
+spill_dir = "/tmp/spill"
+download_window_kb = 64
+[rounds]
+clients_per_round = 7
+min_available = 7
+min_updates = 7
+[robust]
+rule = "MULTI_KRUM"
+byzantine_f = 2
+krum_m = 3
+)",
+                             "k.toml", &c)
+              .ok());
+  REQUIRE(validate_federation_config(c, "k.toml").ok());
+  auto o = aggregator_options(c);
+  CHECK(o.rule.rule == RobustRule::kMultiKrum);
+  CHECK(o.rule.byzantine_f == 2);
+  CHECK(o.rule.krum_m == 3);
+  CHECK(o.upload_memory_bytes == 8u << 20);
+  CHECK(o.spill_dir == "/tmp/spill");
+  CHECK(o.download_window_bytes == 64u << 10);
+  CHECK_FALSE(o.dp.enabled());
+
+  v1::FederationConfig d;
+  REQUIRE(config::parse_toml("[dp]\nclip_norm = 0.5\nnoise_multiplier = 1.2\ndelta = 1e-6\n"
+                             "seed = 9\n",
+                             "d.toml", &d)
+              .ok());
+  REQUIRE(validate_federation_config(d, "d.toml").ok());
+  o = aggregator_options(d);
+  CHECK(o.dp.enabled());
+  CHECK(o.dp.clip_norm == Approx(0.5));
+  CHECK(o.dp.noise_multiplier == Approx(1.2));
+  CHECK(o.dp.delta == 1e-6);
+  CHECK(o.dp.seed == 9);
+}
+
+TEST_CASE("Krum and DP misconfigurations name the key", "[aggregator]") {
+  v1::FederationConfig c;
+  REQUIRE(config::parse_toml("[rounds]\nclients_per_round = 4\nmin_available = 4\n"
+                             "min_updates = 4\n[robust]\nrule = \"KRUM\"\nbyzantine_f = 1\n"
+                             "krum_m = 2\n",
+                             "k.toml", &c)
+              .ok());
+  Status st = validate_federation_config(c, "k.toml");
+  CHECK_THAT(st.message(), Contains("'rounds.min_updates' must be at least 2 * robust.byzantine_f "
+                                    "+ 3 = 5") &&
+                               Contains("rounds.min_available") &&
+                               Contains("rounds.clients_per_round") &&
+                               Contains("'robust.krum_m' applies to MULTI_KRUM only"));
+  v1::FederationConfig d;
+  REQUIRE(config::parse_toml("[dp]\nclip_norm = 1.0\ndelta = 2.0\nnoise_multiplier = -1\n"
+                             "[robust]\nrule = \"MEDIAN\"\n[rounds]\nbuffer_size = 4\n",
+                             "d.toml", &d)
+              .ok());
+  st = validate_federation_config(d, "d.toml");
+  CHECK_THAT(st.message(),
+             Contains("d.toml: key 'dp.delta'") && Contains("'dp.noise_multiplier'") &&
+                 Contains("needs robust.rule MEAN") && Contains("synchronous rounds"));
+  v1::FederationConfig m;
+  REQUIRE(
+      config::parse_toml("[server]\nmetrics_port = 70000\ndownload_window_kb = 0\n", "m.toml", &m)
+          .ok());
+  CHECK_THAT(validate_federation_config(m, "m.toml").message(),
+             Contains("server.metrics_port") && Contains("server.download_window_kb"));
+}
+
+}  // namespace
+}  // namespace starling::aggregator

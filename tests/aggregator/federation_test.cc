@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "aggregator/aggregator.h"
+#include "aggregator/monitor.h"
 #include "core/net/chunk_stream.h"
 #include "core/net/client.h"
 #include "core/net/hello.h"
@@ -426,6 +427,219 @@ TEST_CASE("FedBuff steps the model every buffer_size updates", "[net]") {
   for (const auto& c : clients) trained += c->rounds_trained();
   CHECK(trained >= 8);
   for (float g : agg->global()) CHECK(std::isfinite(g));
+}
+
+}  // namespace
+}  // namespace starling::aggregator
+
+namespace starling::aggregator {
+namespace {
+
+// Sends the same huge delta every round: a Byzantine client.
+class ByzantineTrainer : public LocalTrainer {
+ public:
+  const compress::Layout& layout() const override { return layout_; }
+  Result<TrainReport> train(std::span<const float>, const v1::RoundPlan&,
+                            std::span<float> delta) override {
+    for (auto& d : delta) d = 1000.0f;
+    return TrainReport{100, 0.0f};
+  }
+
+ private:
+  compress::Layout layout_ = test_layout();
+};
+
+TEST_CASE("Multi-Krum over TLS leaves the Byzantine client out", "[net][krum]") {
+  Federation fed(5);
+  asio::io_context io;
+  auto o = fed.options(2);
+  o.clients_per_round = 5;
+  o.min_available = 5;
+  o.rule.rule = RobustRule::kMultiKrum;
+  o.rule.byzantine_f = 1;  // n = 5 = 2f + 3; m = n - f = 4
+  std::vector<RoundReport> reports;
+  auto agg_r =
+      Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o, test_layout(),
+                         initial_model(), [&](const RoundReport& r, std::span<const float>) {
+                           reports.push_back(r);
+                           return true;
+                         });
+  REQUIRE(agg_r.ok());
+  auto& agg = *agg_r;
+  std::vector<std::unique_ptr<LocalTrainer>> trainers;
+  std::vector<std::unique_ptr<EdgeClient>> clients;
+  for (int k = 0; k < 5; ++k) {
+    if (k < 4) {
+      trainers.push_back(std::make_unique<FormulaTrainer>(k));
+    } else {
+      trainers.push_back(std::make_unique<ByzantineTrainer>());
+    }
+    clients.push_back(fed.start_client(io, k, agg->port(), *trainers.back()));
+  }
+  REQUIRE(run_until(io, kWait, [&] { return agg->done(); }));
+  CHECK(agg->error().ok());
+  REQUIRE(reports.size() == 2);
+  for (const auto& r : reports) {
+    CHECK(r.updates == 5);
+    CHECK(r.excluded == 1);
+  }
+  // The unweighted mean of the four honest updates, exact (small integers / 4).
+  const auto init = initial_model();
+  for (int64_t i = 0; i < kNumel; ++i) {
+    double g = init[i];
+    for (uint64_t r = 1; r <= 2; ++r) {
+      double s = 0;
+      for (int k = 0; k < 4; ++k) s += formula_delta(k, r, i);
+      g += s / 4.0;
+    }
+    CHECK(agg->global()[i] == static_cast<float>(g));
+  }
+}
+
+TEST_CASE("central DP clips, averages over the target, adds seeded noise, reports epsilon",
+          "[net][dp]") {
+  Federation fed;
+  asio::io_context io;
+  auto o = fed.options(2);
+  o.dp.clip_norm = 1.0;
+  o.dp.noise_multiplier = 0.5;
+  o.dp.delta = 1e-5;
+  o.dp.seed = 7;
+  auto monitor = Monitor::start(io, "127.0.0.1", 0, "test federation");
+  REQUIRE(monitor.ok());
+  o.monitor = *monitor;
+  std::vector<RoundReport> reports;
+  auto agg_r =
+      Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o, test_layout(),
+                         initial_model(), [&](const RoundReport& r, std::span<const float>) {
+                           reports.push_back(r);
+                           return true;
+                         });
+  REQUIRE(agg_r.ok());
+  auto& agg = *agg_r;
+  std::vector<std::unique_ptr<FormulaTrainer>> trainers;
+  std::vector<std::unique_ptr<EdgeClient>> clients;
+  for (int k = 0; k < 4; ++k) {
+    trainers.push_back(std::make_unique<FormulaTrainer>(k));
+    clients.push_back(fed.start_client(io, k, agg->port(), *trainers.back()));
+  }
+  REQUIRE(run_until(io, kWait, [&] { return agg->done(); }));
+  CHECK(agg->error().ok());
+  REQUIRE(reports.size() == 2);
+
+  // Directly: each delta scaled to norm at most 1, summed with weight 1, divided by the target (4),
+  // plus N(0, (0.5 * 1 / 4)^2) from Rng(7).fork(round).
+  std::vector<float> g = initial_model();
+  RdpAccountant acc;
+  for (uint64_t r = 1; r <= 2; ++r) {
+    std::vector<double> sum(kNumel, 0.0);
+    int clipped = 0;
+    for (int k = 0; k < 4; ++k) {
+      double n2 = 0;
+      for (int64_t i = 0; i < kNumel; ++i) n2 += formula_delta(k, r, i) * formula_delta(k, r, i);
+      const double scale = n2 > 1.0 ? 1.0 / std::sqrt(n2) : 1.0;
+      if (n2 > 1.0) ++clipped;
+      for (int64_t i = 0; i < kNumel; ++i) sum[i] += formula_delta(k, r, i) * scale;
+    }
+    std::vector<float> delta(kNumel);
+    for (int64_t i = 0; i < kNumel; ++i) delta[i] = static_cast<float>(sum[i] / 4.0);
+    Rng noise = Rng(7).fork(r);
+    add_gaussian_noise(delta, 0.125, noise);
+    for (int64_t i = 0; i < kNumel; ++i) g[i] += delta[i];
+    CHECK(reports[r - 1].clipped == clipped);
+    CHECK(clipped >= 3);
+    CHECK(reports[r - 1].dp_noise_std == Approx(0.125));
+    // All four registered clients take part: sampling rate 1.
+    acc.compose(1.0, 0.5);
+    CHECK(reports[r - 1].dp_epsilon == Approx(acc.spent(1e-5).epsilon).epsilon(1e-12));
+  }
+  CHECK(reports[1].dp_epsilon > reports[0].dp_epsilon);
+  for (int64_t i = 0; i < kNumel; ++i) CHECK(agg->global()[i] == Approx(g[i]).margin(1e-5));
+  // The monitor saw the same rounds.
+  const std::string metrics = (*monitor)->metrics_text();
+  CHECK_THAT(metrics, Catch::Contains("starling_rounds_completed_total 2"));
+  CHECK_THAT(metrics, Catch::Contains("starling_updates_folded_total 8"));
+  CHECK_THAT(metrics, Catch::Contains("starling_clients_registered 4"));
+  CHECK_THAT(metrics, Catch::Contains("starling_dp_epsilon "));
+}
+
+}  // namespace
+}  // namespace starling::aggregator
+
+namespace starling::aggregator {
+namespace {
+
+TEST_CASE("uploads beyond the memory budget wait on disk and fold bit for bit", "[net]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("starling_spill_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  Federation fed;
+  asio::io_context io;
+  auto o = fed.options(3);
+  o.upload_memory_bytes = 0;  // every upload waits on disk
+  o.spill_dir = dir.string();
+  auto agg = fed.start_aggregator(io, o);
+  std::vector<std::unique_ptr<FormulaTrainer>> trainers;
+  std::vector<std::unique_ptr<EdgeClient>> clients;
+  for (int k = 0; k < 4; ++k) {
+    trainers.push_back(std::make_unique<FormulaTrainer>(k));
+    clients.push_back(fed.start_client(io, k, agg->port(), *trainers.back()));
+  }
+  REQUIRE(run_until(io, kWait, [&] { return agg->done(); }));
+  CHECK(agg->error().ok());
+  CHECK(bit_equal(agg->global(), expected_fedavg(3)));
+  // The uploads went to disk (the directory was made), and nothing is left there.
+  REQUIRE(fs::exists(dir));
+  CHECK(fs::is_empty(dir));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace starling::aggregator
+
+namespace starling::aggregator {
+namespace {
+
+TEST_CASE("the DP accountant resumes from the checkpoint and keeps counting", "[net][dp]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("starling_dp_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  Federation fed;
+  auto options = [&](uint32_t rounds) {
+    auto o = fed.options(rounds);
+    o.dp.clip_norm = 1.0;
+    o.dp.noise_multiplier = 1.5;
+    o.state_dir = dir.string();
+    return o;
+  };
+  std::vector<RoundReport> reports;
+  auto hook = [&](const RoundReport& r, std::span<const float>) {
+    reports.push_back(r);
+    return true;
+  };
+  asio::io_context io;
+  std::vector<std::unique_ptr<FormulaTrainer>> trainers;
+  for (int k = 0; k < 4; ++k) trainers.push_back(std::make_unique<FormulaTrainer>(k));
+  for (uint32_t rounds : {2u, 3u}) {  // a second aggregator resumes after round 2
+    auto agg = Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer),
+                                  options(rounds), test_layout(), initial_model(), hook);
+    REQUIRE(agg.ok());
+    std::vector<std::unique_ptr<EdgeClient>> clients;
+    for (int k = 0; k < 4; ++k) {
+      clients.push_back(fed.start_client(io, k, (*agg)->port(), *trainers[k]));
+    }
+    REQUIRE(run_until(io, kWait, [&] {
+      return (*agg)->done() && std::all_of(clients.begin(), clients.end(),
+                                           [](const auto& c) { return c->finished(); });
+    }));
+    CHECK((*agg)->error().ok());
+  }
+  REQUIRE(reports.size() == 3);
+  RdpAccountant acc;
+  acc.compose(1.0, 1.5, 3);
+  CHECK(reports[2].round == 3);
+  CHECK(reports[2].dp_epsilon == Approx(acc.spent(1e-5).epsilon).epsilon(1e-12));
+  fs::remove_all(dir);
 }
 
 }  // namespace

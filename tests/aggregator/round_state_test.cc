@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 namespace starling::aggregator {
 namespace {
@@ -35,6 +36,14 @@ TEST_CASE("round state survives a save and load; corruption is detected", "[aggr
   REQUIRE(back->slots.size() == 2);
   CHECK(back->slots[1].first == "v");
   CHECK(back->slots[1].second == st.slots[1].second);
+  CHECK(back->dp_rdp.empty());
+
+  // The DP accountant's RDP curve travels in the metadata, exactly.
+  st.dp_rdp = {0.1, 1.0 / 3.0, 2.5e-7, std::numeric_limits<double>::infinity()};
+  REQUIRE(save_round_state(dir, layout, st).ok());
+  auto with_dp = load_round_state(dir, layout);
+  REQUIRE(with_dp.ok());
+  CHECK(with_dp->dp_rdp == st.dp_rdp);
 
   const compress::Layout other = {{"a", {4}, 0}, {"b", {3}, 4}};
   CHECK(load_round_state(dir, other).status().code() == StatusCode::kInvalidArgument);

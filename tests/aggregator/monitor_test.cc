@@ -1,0 +1,128 @@
+// The aggregator's Prometheus metrics and status page, fetched over real loopback HTTP.
+#include "aggregator/monitor.h"
+
+#include <asio/connect.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/read.hpp>
+#include <asio/write.hpp>
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "aggregator/aggregator.h"
+#include "tests/testing/loopback.h"
+
+namespace starling::aggregator {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Sends `request` to 127.0.0.1:port from another thread while `io` runs here; returns the whole
+// response (the server closes after one).
+std::string http(asio::io_context& io, uint16_t port, const std::string& request) {
+  std::string response;
+  std::atomic<bool> done{false};
+  std::thread client([&] {
+    asio::io_context cio;
+    asio::ip::tcp::socket sock(cio);
+    asio::error_code ec;
+    sock.connect({asio::ip::make_address("127.0.0.1"), port}, ec);
+    if (!ec) asio::write(sock, asio::buffer(request), ec);
+    if (!ec) {
+      std::array<char, 4096> buf;
+      for (;;) {
+        const size_t n = sock.read_some(asio::buffer(buf), ec);
+        response.append(buf.data(), n);
+        if (ec) break;
+      }
+    }
+    done = true;
+  });
+  const bool finished = testing::run_until(io, milliseconds(5000), [&] { return done.load(); });
+  client.join();
+  REQUIRE(finished);
+  return response;
+}
+
+std::string get(asio::io_context& io, uint16_t port, const std::string& path) {
+  return http(io, port, "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n");
+}
+
+TEST_CASE("metrics and the status page are served over HTTP", "[net][monitor]") {
+  asio::io_context io;
+  auto m = Monitor::start(io, "127.0.0.1", 0, "mnist <federation>");
+  REQUIRE(m.ok());
+  auto& mon = *m;
+  REQUIRE(mon->port() != 0);
+  mon->set_registered(12);
+  mon->round_started(1, 5);
+  mon->bytes_received(1000);
+  mon->bytes_received(24);
+  for (int i = 0; i < 4; ++i) mon->update_folded();
+  mon->update_rejected();
+  RoundReport r;
+  r.round = 1;
+  r.updates = 4;
+  r.rejected = 1;
+  r.mean_train_loss = 0.75;
+  r.seconds = 1.5;
+  r.update_bytes = 1024;
+  r.dp_epsilon = 0.25;
+  mon->round_closed(r);
+  mon->evaluated(1, 0.5, 0.875);
+  r.round = 2;
+  r.mean_train_loss = 0.5;
+  mon->round_closed(r);
+
+  const std::string metrics = get(io, mon->port(), "/metrics");
+  CHECK_THAT(metrics, Catch::StartsWith("HTTP/1.1 200 OK"));
+  CHECK_THAT(metrics, Catch::Contains("Content-Type: text/plain; version=0.0.4"));
+  CHECK_THAT(metrics, Catch::Contains("# TYPE starling_rounds_completed_total counter"));
+  CHECK_THAT(metrics, Catch::Contains("starling_rounds_completed_total 2"));
+  CHECK_THAT(metrics, Catch::Contains("starling_clients_registered 12"));
+  CHECK_THAT(metrics, Catch::Contains("starling_clients_selected 5"));
+  CHECK_THAT(metrics, Catch::Contains("starling_updates_folded_total 4"));
+  CHECK_THAT(metrics, Catch::Contains("starling_updates_rejected_total 1"));
+  CHECK_THAT(metrics, Catch::Contains("starling_update_bytes_received_total 1024"));
+  CHECK_THAT(metrics, Catch::Contains("starling_train_loss 0.5"));
+  CHECK_THAT(metrics, Catch::Contains("starling_eval_accuracy 0.875"));
+  CHECK_THAT(metrics, Catch::Contains("starling_dp_epsilon 0.25"));
+  CHECK_THAT(metrics, Catch::Contains("starling_round_duration_seconds_count 2"));
+
+  const std::string page = get(io, mon->port(), "/");
+  CHECK_THAT(page, Catch::StartsWith("HTTP/1.1 200 OK"));
+  CHECK_THAT(page, Catch::Contains("text/html"));
+  CHECK_THAT(page, Catch::Contains("mnist &lt;federation&gt;"));  // escaped
+  CHECK_THAT(page, Catch::Contains("<svg"));
+  CHECK_THAT(page, Catch::Contains("<polyline"));
+  CHECK_THAT(page, Catch::Contains("0.8750 (round 1)"));
+  CHECK_THAT(page, Catch::Contains("1.00 KiB"));
+
+  const std::string json = get(io, mon->port(), "/status.json");
+  CHECK_THAT(json, Catch::Contains("\"test_accuracy\":0.875"));
+  CHECK_THAT(json, Catch::Contains("\"clients_registered\":12"));
+
+  CHECK_THAT(get(io, mon->port(), "/nope"), Catch::StartsWith("HTTP/1.1 404"));
+  CHECK_THAT(http(io, mon->port(), "POST /metrics HTTP/1.1\r\n\r\n"),
+             Catch::StartsWith("HTTP/1.1 405"));
+  CHECK_THAT(http(io, mon->port(), "garbage\r\n\r\n"), Catch::StartsWith("HTTP/1.1 400"));
+  CHECK_THAT(http(io, mon->port(), "GET /" + std::string(9000, 'a')),
+             Catch::StartsWith("HTTP/1.1 431"));
+  // HEAD: the headers without the body.
+  const std::string head = http(io, mon->port(), "HEAD /metrics HTTP/1.1\r\n\r\n");
+  CHECK_THAT(head, Catch::StartsWith("HTTP/1.1 200"));
+  CHECK(head.find("starling_rounds") == std::string::npos);
+}
+
+TEST_CASE("a metrics port already taken is a clear error", "[net][monitor]") {
+  asio::io_context io;
+  auto a = Monitor::start(io, "127.0.0.1", 0, "a");
+  REQUIRE(a.ok());
+  auto b = Monitor::start(io, "127.0.0.1", (*a)->port(), "b");
+  REQUIRE_FALSE(b.ok());
+  CHECK_THAT(b.status().message(), Catch::Contains("cannot listen on 127.0.0.1:"));
+  CHECK_FALSE(Monitor::start(io, "not-an-ip", 0, "c").ok());
+}
+
+}  // namespace
+}  // namespace starling::aggregator
