@@ -9,6 +9,7 @@
 
 #include "core/net/chunk_stream.h"
 #include "core/net/hello.h"
+#include "edge_client/client_state.h"
 #include "edge_client/transfer.h"
 
 namespace starling::edge_client {
@@ -52,9 +53,91 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
   Status error;
   int rounds = 0;
   int connections = 0;
+  int declined = 0;
+  uint64_t peak_rss = 0;
+  // Set when we leave on purpose (condition or memory): on_close waits condition_poll.
+  bool away = false;
+  std::string last_refusal;
+  ClientState state;
+  // The upload in flight: saved in `state` once the aggregator acknowledges all of it.
+  std::string upload_spec;
+  uint64_t upload_round = 0;
+
+  // Restores the state file, if any. False (and stopped) when it cannot be used.
+  bool load_state() {
+    state.node_id = options.node_id;
+    if (options.state_path.empty()) return true;
+    auto r = load_client_state(options.state_path, options.node_id);
+    if (r.status().code() == StatusCode::kNotFound) return true;
+    if (!r.ok()) {
+      fail(r.status().with_context("client " + options.node_id +
+                                   " (move the state file away to start afresh)"));
+      return false;
+    }
+    state = std::move(*r);
+    rounds = static_cast<int>(state.rounds_trained);
+    spdlog::info("client {}: resumed from {} ({} rounds trained, last round {})", options.node_id,
+                 options.state_path, state.rounds_trained, state.last_round);
+    return true;
+  }
+
+  void save_state() {
+    state.rounds_trained = static_cast<uint64_t>(rounds);
+    state.last_round = upload_round;
+    auto it = codecs.find(upload_spec);
+    if (it != codecs.end()) {
+      const auto st = it->second->persistent_state();
+      if (!st.empty()) state.codec_state[upload_spec].assign(st.begin(), st.end());
+    }
+    if (options.state_path.empty()) return;
+    const Status s = save_client_state(options.state_path, state);
+    if (!s.ok()) spdlog::error("client {}: {}", options.node_id, s.to_string());
+  }
+
+  // Whether the training condition allows training now; logs a refusal once per reason.
+  bool condition_allows() {
+    if (options.condition.empty()) return true;
+    std::string why;
+    auto r = options.condition.allows(&why);
+    if (!r.ok()) {
+      fail(r.status().with_context("client " + options.node_id + ": training condition"));
+      return false;
+    }
+    if (*r) {
+      if (!last_refusal.empty()) spdlog::info("client {}: may train again", options.node_id);
+      last_refusal.clear();
+      return true;
+    }
+    if (why != last_refusal) {
+      spdlog::info("client {}: not training now: {}", options.node_id, why);
+      last_refusal = why;
+    }
+    return false;
+  }
+
+  void wait_then_connect(std::chrono::milliseconds delay) {
+    retry_timer.expires_after(delay);
+    retry_timer.async_wait([weak = weak_from_this()](const asio::error_code& ec) {
+      auto self = weak.lock();
+      if (!ec && self) self->connect();
+    });
+  }
+
+  // Leaves the federation for condition_poll: the aggregator treats it as a dropped client.
+  void decline(const std::string& why) {
+    ++declined;
+    away = true;
+    spdlog::warn("client {}: declining round {}: {}", options.node_id,
+                 plan ? plan->round() : uint64_t{0}, why);
+    if (conn) conn->close();
+  }
 
   void connect() {
     if (stopped) return;
+    if (!condition_allows()) {
+      if (!stopped) wait_then_connect(options.condition_poll);
+      return;
+    }
     auto weak = weak_from_this();
     net::connect_with_retry(io, ctx, options.connect, options.backoff,
                             Rng(options.seed).fork(2 + static_cast<uint64_t>(connections)),
@@ -106,14 +189,14 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     if (pump) pump->cancel();
     pump.reset();
     if (stopped || finished) return;
+    if (away) {
+      away = false;
+      return wait_then_connect(options.condition_poll);
+    }
     const auto delay = backoff.next();
     spdlog::info("client {}: connection lost ({}); reconnecting in {} ms", options.node_id,
                  st.to_string(), delay.count());
-    retry_timer.expires_after(delay);
-    retry_timer.async_wait([weak = weak_from_this()](const asio::error_code& ec) {
-      auto self = weak.lock();
-      if (!ec && self) self->connect();
-    });
+    wait_then_connect(delay);
   }
 
   void on_message(v1::Envelope e) {
@@ -130,15 +213,19 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
         if (!server_hello) return fail(failed_precondition("round plan before Hello"));
         plan = e.round_plan();
         rx.reset();
+        if (!condition_allows() && !stopped) decline(last_refusal);
         return;
       case v1::Envelope::kModelDownload:
         return on_download(e.model_download());
       case v1::Envelope::kChunk:
         return on_chunk(e.chunk());
       case v1::Envelope::kChunkAck:
-        if (pump && !e.chunk_ack().complete() &&
-            e.chunk_ack().transfer_id() == pump->header().transfer_id()) {
-          pump->resume_from(e.chunk_ack().next_index());
+        if (pump && e.chunk_ack().transfer_id() == pump->header().transfer_id()) {
+          if (e.chunk_ack().complete()) {
+            save_state();
+          } else {
+            pump->resume_from(e.chunk_ack().next_index());
+          }
         }
         return;
       case v1::Envelope::kError:
@@ -170,7 +257,9 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
                                       std::to_string(d.transfer().total_bytes() / 4) +
                                       " parameters, ours " + std::to_string(numel)));
     }
-    auto r = net::ChunkReceiver::create_buffered(d.transfer(), static_cast<uint64_t>(numel) * 4);
+    // The model digest is computed on a helper thread while chunks keep arriving.
+    auto r = net::ChunkReceiver::create_buffered(d.transfer(), static_cast<uint64_t>(numel) * 4,
+                                                 net::ChunkReceiver::Hashing::kBackground);
     if (!r.ok()) return fail(r.status());
     rx.emplace(std::move(*r));
     rx_transfer = d.transfer().transfer_id();
@@ -195,6 +284,11 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     if (it != codecs.end()) return it->second.get();
     ASSIGN_OR_RETURN(auto codec, compress::make_codec(spec, trainer.layout(),
                                                       Rng(options.seed).fork(3).next_u64()));
+    auto saved = state.codec_state.find(spec);
+    if (saved != state.codec_state.end()) {
+      RETURN_IF_ERROR(codec->restore_state(saved->second),
+                      "restoring codec '" + spec + "' from " + options.state_path);
+    }
     return codecs.emplace(spec, std::move(codec)).first->second.get();
   }
 
@@ -213,8 +307,17 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     st = from_f32_bytes(payload, global);
     if (!st.ok()) return fail(st);
     const v1::RoundPlan p = *plan;
+    if (options.memory_limit_bytes > 0) {
+      // Beyond the trainer's working set: the codec's residual and encoding buffers.
+      const uint64_t extra = trainer.working_set_bytes(p) +
+                             (codecs.count(p.codec()) ? 1u : 3u) * static_cast<uint64_t>(numel) * 4;
+      const Status mem = MemoryBudget{options.memory_limit_bytes}.check(
+          extra, "round " + std::to_string(p.round()) + "'s training");
+      if (!mem.ok()) return decline(mem.message());
+    }
     auto report = trainer.train(global, p, delta);
     if (!report.ok()) return fail(report.status().with_context("local training"));
+    if (auto pk = edge_client::peak_rss_bytes(); pk.ok()) peak_rss = *pk;
     if (!conn) return;  // the connection dropped while training
     auto codec = codec_for(p.codec());
     if (!codec.ok()) return fail(codec.status());
@@ -225,6 +328,11 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     if (pump) pump->cancel();
     pump = std::make_shared<ChunkPump>(conn, bytes, next_transfer++, options.chunk_bytes,
                                        std::string(kUpdateContentType));
+    if (options.upload_bytes_per_second > 0) {
+      pump->set_rate_limit(io.get_executor(), options.upload_bytes_per_second);
+    }
+    upload_spec = p.codec();
+    upload_round = p.round();
     v1::Envelope up;
     auto* u = up.mutable_update_upload();
     u->set_round(p.round());
@@ -248,7 +356,9 @@ EdgeClient::~EdgeClient() {
   if (impl_->conn) impl_->conn->abort(Status(StatusCode::kCancelled, "client destroyed"));
 }
 
-void EdgeClient::start() { impl_->connect(); }
+void EdgeClient::start() {
+  if (impl_->load_state()) impl_->connect();
+}
 void EdgeClient::stop() {
   impl_->stopped = true;
   impl_->retry_timer.cancel();
@@ -259,5 +369,7 @@ bool EdgeClient::stopped() const { return impl_->stopped; }
 const Status& EdgeClient::error() const { return impl_->error; }
 int EdgeClient::rounds_trained() const { return impl_->rounds; }
 int EdgeClient::connections() const { return impl_->connections; }
+int EdgeClient::rounds_declined() const { return impl_->declined; }
+uint64_t EdgeClient::peak_rss_bytes() const { return impl_->peak_rss; }
 
 }  // namespace starling::edge_client

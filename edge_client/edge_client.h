@@ -5,6 +5,7 @@
 
 #include <asio/io_context.hpp>
 #include <asio/ssl/context.hpp>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -14,6 +15,7 @@
 #include "core/net/client.h"
 #include "core/util/status.h"
 #include "core/wire/messages.pb.h"
+#include "edge_client/device.h"
 
 namespace starling::edge_client {
 
@@ -31,6 +33,12 @@ class LocalTrainer {
   // Trains from `global` as `plan` asks and writes local - global into `delta`.
   virtual Result<TrainReport> train(std::span<const float> global, const v1::RoundPlan& plan,
                                     std::span<float> delta) = 0;
+  // Bytes train() allocates beyond what the trainer already holds (gradients, activations of
+  // one batch, optimizer state), for the client's memory limit. 0: unknown.
+  virtual uint64_t working_set_bytes(const v1::RoundPlan& plan) const {
+    (void)plan;
+    return 0;
+  }
 };
 
 struct EdgeClientOptions {
@@ -39,6 +47,17 @@ struct EdgeClientOptions {
   net::BackoffOptions backoff;
   uint64_t seed = 1;  // codec randomness and backoff jitter
   uint32_t chunk_bytes = 1u << 20;
+  // Device awareness. A round whose training would take the process over memory_limit_bytes
+  // (0: no limit) is declined: the client disconnects and comes back after condition_poll.
+  uint64_t memory_limit_bytes = 0;
+  // Checked before connecting and on every round plan; while it refuses, the client stays
+  // away (polling every condition_poll), so the aggregator plans without it.
+  TrainingCondition condition;
+  std::chrono::milliseconds condition_poll{30'000};
+  uint64_t upload_bytes_per_second = 0;  // 0: no cap
+  // Error-feedback residuals and round counters, saved atomically whenever the aggregator
+  // acknowledges an update and restored on start (empty: kept in memory only).
+  std::string state_path;
 };
 
 // Not thread-safe: everything runs on the io_context thread (training included, so one client
@@ -60,7 +79,9 @@ class EdgeClient {
   bool stopped() const;
   const Status& error() const;
   int rounds_trained() const;
-  int connections() const;  // successful connections so far
+  int connections() const;          // successful connections so far
+  int rounds_declined() const;      // plans refused by the training condition or memory limit
+  uint64_t peak_rss_bytes() const;  // of the process, after the last round (0: unknown)
 
   struct Impl;
 

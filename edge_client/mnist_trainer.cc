@@ -1,6 +1,8 @@
 // Local SGD on one MNIST partition.
 #include "edge_client/mnist_trainer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/autograd/autograd.h"
@@ -10,26 +12,52 @@
 
 namespace starling::edge_client {
 
+std::unique_ptr<models::Classifier> make_mnist_model(const MnistTrainerOptions& options,
+                                                     int64_t pixels, uint64_t seed) {
+  if (options.model == MnistModel::kCnn) {
+    models::CnnConfig c = options.cnn;
+    c.side = static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(pixels))));
+    return std::make_unique<models::Cnn>(c, seed);
+  }
+  return std::make_unique<models::Mlp>(models::MlpConfig{pixels, options.hidden, 10}, seed);
+}
+
 MnistTrainer::MnistTrainer(std::shared_ptr<const data::MnistSet> train,
                            std::vector<int64_t> indices, MnistTrainerOptions options)
     : data_(std::move(train)),
       indices_(std::move(indices)),
       options_(options),
-      model_(models::MlpConfig{data_->pixels(), options.hidden, 10}, 0),
-      layout_(layout_of(model_)) {}
+      model_(make_mnist_model(options, data_->pixels(), 0)),
+      layout_(layout_of(*model_)) {}
+
+uint64_t MnistTrainer::working_set_bytes(const v1::RoundPlan& plan) const {
+  uint64_t numel = 0;
+  for (const auto& t : layout_) numel += static_cast<uint64_t>(shape_numel(t.shape));
+  const uint64_t batch = std::max<uint64_t>(plan.batch_size(), 1);
+  uint64_t per_example = static_cast<uint64_t>(data_->pixels() + 4 * options_.hidden + 30);
+  if (options_.model == MnistModel::kCnn) {
+    const auto px = static_cast<uint64_t>(data_->pixels());
+    per_example = px * (1 + 25) + 3 * px * static_cast<uint64_t>(options_.cnn.channels1) +
+                  px / 4 * static_cast<uint64_t>(options_.cnn.channels1) * 25 +
+                  3 * px / 4 * static_cast<uint64_t>(options_.cnn.channels2) +
+                  static_cast<uint64_t>(4 * options_.cnn.hidden + 30);
+  }
+  const uint64_t acts = batch * per_example * 4 * 2;
+  return 2 * numel * 4 + acts;
+}
 
 Result<TrainReport> MnistTrainer::train(std::span<const float> global, const v1::RoundPlan& plan,
                                         std::span<float> delta) {
   if (indices_.empty()) return failed_precondition("this client has no training examples");
   if (plan.batch_size() == 0) return invalid_argument("round plan with batch size 0");
-  RETURN_IF_ERROR(load_flat(model_, global));
-  model_.train(true);
+  RETURN_IF_ERROR(load_flat(*model_, global));
+  model_->train(true);
   const int64_t n = static_cast<int64_t>(indices_.size());
   const int64_t batch = std::min<int64_t>(plan.batch_size(), n);
   const int64_t per_epoch = (n + batch - 1) / batch;
   const int64_t steps = plan.local_steps() ? plan.local_steps() : per_epoch * options_.epochs;
   const int64_t in = data_->pixels();
-  const auto params = model_.parameters();
+  const auto params = model_->parameters();
 
   Rng rng(plan.seed());
   std::vector<int64_t> order = indices_;
@@ -51,8 +79,8 @@ Result<TrainReport> MnistTrainer::train(std::span<const float> global, const v1:
                   static_cast<size_t>(in) * sizeof(float));
       y[static_cast<size_t>(i)] = data_->labels[static_cast<size_t>(ex)];
     }
-    model_.zero_grad();
-    Tensor loss = ops::cross_entropy(model_.forward(x), Tensor::from_vector(y, {b}));
+    model_->zero_grad();
+    Tensor loss = ops::cross_entropy(model_->forward(x), Tensor::from_vector(y, {b}));
     loss_sum += loss.item();
     autograd::backward(loss);
     autograd::NoGradGuard no_grad;
@@ -74,7 +102,7 @@ Result<TrainReport> MnistTrainer::train(std::span<const float> global, const v1:
       offset += static_cast<size_t>(numel);
     }
   }
-  const auto local = flatten(model_);
+  const auto local = flatten(*model_);
   for (size_t i = 0; i < local.size(); ++i) delta[i] = local[i] - global[i];
   return TrainReport{static_cast<uint64_t>(n),
                      static_cast<float>(loss_sum / static_cast<double>(steps))};

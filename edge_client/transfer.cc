@@ -32,9 +32,15 @@ ChunkPump::ChunkPump(std::shared_ptr<net::Connection> conn,
       sender_(transfer_id, *payload_, chunk_bytes, std::move(content_type)),
       high_water_(high_water) {}
 
+void ChunkPump::set_rate_limit(asio::any_io_executor executor, uint64_t bytes_per_second) {
+  rate_ = bytes_per_second;
+  if (rate_ > 0) timer_ = std::make_unique<asio::steady_timer>(executor);
+}
+
 void ChunkPump::start() {
   auto conn = conn_.lock();
   if (!conn) return;
+  started_ = std::chrono::steady_clock::now();
   conn->set_drain_handler([weak = weak_from_this()] {
     if (auto self = weak.lock()) self->pump();
   });
@@ -48,6 +54,7 @@ void ChunkPump::resume_from(uint64_t index) {
 
 void ChunkPump::cancel() {
   cancelled_ = true;
+  if (timer_) timer_->cancel();
   if (auto conn = conn_.lock()) conn->set_drain_handler(nullptr);
 }
 
@@ -55,14 +62,30 @@ void ChunkPump::pump() {
   auto conn = conn_.lock();
   if (!conn || cancelled_) return;
   while (next_ < sender_.num_chunks() && conn->is_open() && conn->queued_bytes() < high_water_) {
-    auto chunk = sender_.chunk(next_);
+    if (rate_ > 0) {
+      if (timer_armed_) return;  // the timer resumes
+      const auto due = started_ + std::chrono::microseconds(sent_ * 1'000'000 / rate_);
+      if (std::chrono::steady_clock::now() < due) {
+        timer_armed_ = true;
+        timer_->expires_at(due);
+        timer_->async_wait([weak = weak_from_this()](const asio::error_code& ec) {
+          auto self = weak.lock();
+          if (!self) return;
+          self->timer_armed_ = false;
+          if (!ec) self->pump();
+        });
+        return;
+      }
+    }
+    // A view into the payload, framed with one copy (the same bytes as a Chunk envelope).
+    auto chunk = sender_.chunk_view(next_);
     if (!chunk.ok()) return;
-    v1::Envelope e;
-    *e.mutable_chunk() = std::move(*chunk);
-    const Status st = conn->send(e);
+    const uint64_t payload_bytes = chunk->data.size();
+    const Status st = conn->send_chunk(*chunk);
     if (st.code() == StatusCode::kResourceExhausted) return;  // the drain handler resumes
     if (!st.ok()) return;                                     // closing: nothing more to do
     ++next_;
+    sent_ += payload_bytes;
   }
 }
 

@@ -2,6 +2,9 @@
 // model payload, a chunk pump that respects a connection's send queue, and the end-of-run Error.
 #pragma once
 
+#include <asio/any_io_executor.hpp>
+#include <asio/steady_timer.hpp>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -44,6 +47,9 @@ class ChunkPump : public std::enable_shared_from_this<ChunkPump> {
   void resume_from(uint64_t index);
   void cancel();
   bool done() const { return next_ >= sender_.num_chunks(); }
+  // Paces the chunks to at most `bytes_per_second` of payload (0: as fast as the connection
+  // takes them), e.g. an edge device's upload cap. Call before start().
+  void set_rate_limit(asio::any_io_executor executor, uint64_t bytes_per_second);
 
  private:
   void pump();
@@ -54,6 +60,12 @@ class ChunkPump : public std::enable_shared_from_this<ChunkPump> {
   size_t high_water_;
   uint64_t next_ = 0;
   bool cancelled_ = false;
+  // Rate limit: payload bytes may leave no earlier than started_ + sent_ / rate_.
+  uint64_t rate_ = 0;
+  uint64_t sent_ = 0;
+  std::chrono::steady_clock::time_point started_;
+  std::unique_ptr<asio::steady_timer> timer_;
+  bool timer_armed_ = false;
 };
 
 }  // namespace starling::edge_client

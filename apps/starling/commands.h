@@ -23,5 +23,7 @@ void register_info(CLI::App& app, CommandContext& ctx);        // starling info
 void register_data(CLI::App& app, CommandContext& ctx);        // starling data ...
 void register_aggregator(CLI::App& app, CommandContext& ctx);  // starling aggregator
 void register_client(CLI::App& app, CommandContext& ctx);      // starling client
+void register_peer(CLI::App& app, CommandContext& ctx);        // starling peer
+void register_simulate(CLI::App& app, CommandContext& ctx);    // starling simulate
 
 }  // namespace starling::apps

@@ -11,10 +11,13 @@
 #include <vector>
 
 #include "aggregator/fed_task.h"
+#include "aggregator/monitor.h"
 #include "apps/starling/commands.h"
+#include "apps/starling/io_loop.h"
 #include "core/net/certs.h"
 #include "core/net/tls.h"
 #include "edge_client/edge_client.h"
+#include "edge_client/fed_config.h"
 #include "edge_client/model_params.h"
 
 namespace starling::apps {
@@ -28,21 +31,8 @@ struct AggregatorArgs {
   std::string config;
   bool simulate = false;
   uint32_t num_rounds = 0;
+  int metrics_port = -1;  // -1: [server].metrics_port
 };
-
-struct ClientArgs {
-  std::string config;
-  std::string node_id;
-  int partition = -1;
-};
-
-// Runs handlers until done() or, when no handler is left, returns.
-void run_while(asio::io_context& io, const std::function<bool()>& done) {
-  while (!done()) {
-    if (io.stopped()) io.restart();
-    if (io.run_one_for(milliseconds(100)) == 0 && io.stopped()) return;
-  }
-}
 
 // An in-memory PKI for a simulation: the aggregator's and each client's TLS config.
 struct SimPki {
@@ -71,17 +61,16 @@ Result<SimPki> make_sim_pki(int n) {
   return pki;
 }
 
+// A client of the in-process simulation: options from [client]; state kept in memory only, and
+// the device keys (memory limit, training condition, upload cap) left to sim/'s emulation.
 std::unique_ptr<edge_client::EdgeClient> make_client(
     asio::io_context& io, std::shared_ptr<asio::ssl::context> ctx, const v1::FederationConfig& c,
     const std::string& node_id, uint16_t port, edge_client::LocalTrainer& trainer, uint64_t seed) {
-  edge_client::EdgeClientOptions o;
-  o.connect.host = c.client().server_host();
-  o.connect.port = port;
-  o.connect.server_name = c.client().server_name();
-  o.node_id = node_id;
-  o.backoff.initial = milliseconds(c.client().backoff_initial_ms());
-  o.backoff.max = milliseconds(c.client().backoff_max_ms());
-  o.seed = seed;
+  auto o = edge_client::edge_client_options(c, node_id, port, seed);
+  o.state_path.clear();
+  o.memory_limit_bytes = 0;
+  o.condition = {};
+  o.upload_bytes_per_second = 0;
   auto client = std::make_unique<edge_client::EdgeClient>(io, std::move(ctx), o, trainer);
   client->start();
   return client;
@@ -90,6 +79,12 @@ std::unique_ptr<edge_client::EdgeClient> make_client(
 Status run_aggregator(const AggregatorArgs& args) {
   ASSIGN_OR_RETURN(auto cfg, aggregator::load_federation_config(args.config));
   if (args.num_rounds) cfg.mutable_rounds()->set_num_rounds(args.num_rounds);
+  if (cfg.model().arch() == v1::FedModelConfig::GPT) {
+    return invalid_argument(args.config +
+                            ": model.arch GPT (Shakespeare by role) runs under `starling simulate "
+                            "-c " +
+                            args.config + "`");
+  }
   std::shared_ptr<const data::MnistSet> test;
   if (cfg.eval().every_rounds() > 0) {
     ASSIGN_OR_RETURN(test, aggregator::load_split(cfg, false));
@@ -124,6 +119,7 @@ Status run_aggregator(const AggregatorArgs& args) {
   const float target = cfg.eval().target_accuracy();
   int64_t eval_n = test ? test->size() : 0;
   if (cfg.eval().max_examples() > 0) eval_n = std::min<int64_t>(eval_n, cfg.eval().max_examples());
+  std::shared_ptr<aggregator::Monitor> monitor;  // [server].metrics_port
   auto hook = [&](const RoundReport& r, std::span<const float> global) {
     nlohmann::json j = {
         {"round", r.round},
@@ -134,6 +130,9 @@ Status run_aggregator(const AggregatorArgs& args) {
         {"train_loss", r.mean_train_loss},
         {"update_bytes", r.update_bytes},
         {"round_seconds", r.seconds},
+        {"registered", r.registered},
+        {"clipped", r.clipped},
+        {"excluded", r.excluded},
         {"elapsed_seconds",
          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
     bool go_on = true;
@@ -142,17 +141,31 @@ Status run_aggregator(const AggregatorArgs& args) {
       const auto e = models::evaluate(*model, test->images.data(), test->labels.data(), eval_n);
       j["test_loss"] = e.loss;
       j["test_accuracy"] = e.accuracy;
+      if (monitor) monitor->evaluated(r.round, e.loss, e.accuracy);
       spdlog::info("round {}: test accuracy {:.4f}, loss {:.4f}", r.round, e.accuracy, e.loss);
       if (target > 0 && e.accuracy >= target) {
         spdlog::info("target accuracy {} reached in round {}", target, r.round);
         go_on = false;
       }
     }
+    if (options.dp.enabled()) {
+      j["dp_epsilon"] = r.dp_epsilon;
+      j["dp_delta"] = options.dp.delta;
+      j["dp_noise_std"] = r.dp_noise_std;
+    }
     metrics->write(j.dump());
     return go_on;
   };
 
   asio::io_context io;
+  const uint32_t metrics_port = args.metrics_port >= 0 ? static_cast<uint32_t>(args.metrics_port)
+                                                       : cfg.server().metrics_port();
+  if (metrics_port > 0) {
+    ASSIGN_OR_RETURN(monitor, aggregator::Monitor::start(io, cfg.server().metrics_host(),
+                                                         static_cast<uint16_t>(metrics_port),
+                                                         "starling federation: " + args.config));
+    options.monitor = monitor;
+  }
   ASSIGN_OR_RETURN(auto agg, Aggregator::create(io, server_ctx, options, layout,
                                                 edge_client::flatten(*model), hook));
   spdlog::info("aggregator: listening on {}:{}, state in {}, metrics in {}", options.server.host,
@@ -186,34 +199,6 @@ Status run_aggregator(const AggregatorArgs& args) {
   return ok_status();
 }
 
-Status run_client(const ClientArgs& args) {
-  ASSIGN_OR_RETURN(auto cfg, aggregator::load_federation_config(args.config));
-  ASSIGN_OR_RETURN(auto tls, net::load_tls_config(cfg.tls().ca(), cfg.tls().cert(), cfg.tls().key(),
-                                                  cfg.tls().crl()));
-  std::string node_id = !args.node_id.empty() ? args.node_id : cfg.client().node_id();
-  if (node_id.empty()) {
-    ASSIGN_OR_RETURN(auto cert, net::cert_from_pem(tls.cert_pem));
-    node_id = net::cert_identity(cert.get()).common_name;
-  }
-  const uint32_t index =
-      args.partition >= 0 ? static_cast<uint32_t>(args.partition) : cfg.client().partition_index();
-  if (index >= cfg.data().num_clients()) {
-    return invalid_argument("partition " + std::to_string(index) + " >= data.num_clients " +
-                            std::to_string(cfg.data().num_clients()));
-  }
-  ASSIGN_OR_RETURN(auto train, aggregator::load_split(cfg, true));
-  ASSIGN_OR_RETURN(auto parts, aggregator::make_partition(cfg, *train));
-  edge_client::MnistTrainer trainer(train, parts[index], aggregator::trainer_options(cfg));
-  ASSIGN_OR_RETURN(auto ctx, net::make_tls_context(tls, net::TlsSide::kClient));
-  asio::io_context io;
-  spdlog::info("client {}: partition {} ({} examples), aggregator {}:{}", node_id, index,
-               parts[index].size(), cfg.client().server_host(), cfg.client().server_port());
-  auto client = make_client(io, ctx, cfg, node_id,
-                            static_cast<uint16_t>(cfg.client().server_port()), trainer, index + 1);
-  run_while(io, [&] { return client->stopped(); });
-  return client->error();
-}
-
 }  // namespace
 
 void register_aggregator(CLI::App& app, CommandContext& ctx) {
@@ -225,23 +210,12 @@ void register_aggregator(CLI::App& app, CommandContext& ctx) {
                 "Also run [simulate].num_clients clients in this process (loopback TLS, "
                 "throwaway certificates)");
   cmd->add_option("--num-rounds", args->num_rounds, "Override [rounds].num_rounds");
+  cmd->add_option("--metrics-port", args->metrics_port,
+                  "Override [server].metrics_port: Prometheus /metrics and the status page "
+                  "(0: off)")
+      ->check(CLI::Range(0, 65535));
   cmd->callback([args, &ctx] {
     const Status st = run_aggregator(*args);
-    if (!st.ok()) fail(ctx, st.to_string());
-  });
-}
-
-void register_client(CLI::App& app, CommandContext& ctx) {
-  auto args = std::make_shared<ClientArgs>();
-  auto* cmd = app.add_subcommand("client", "Run an edge client of a federation");
-  cmd->add_option("-c,--config", args->config, "Federation TOML config (configs/fed_*.toml)")
-      ->required();
-  cmd->add_option("--node-id", args->node_id,
-                  "Our identity (default: [client].node_id, else the certificate's CN)");
-  cmd->add_option("--partition", args->partition,
-                  "Which data partition to train on (default: [client].partition_index)");
-  cmd->callback([args, &ctx] {
-    const Status st = run_client(*args);
     if (!st.ok()) fail(ctx, st.to_string());
   });
 }

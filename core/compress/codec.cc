@@ -2,6 +2,7 @@
 #include "core/compress/codec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "core/compress/internal/kernels.h"
@@ -115,6 +116,27 @@ Result<EncodedUpdate> Codec::encode(std::span<const float> delta) {
   EncodedUpdate out;
   RETURN_IF_ERROR(encode_into(delta, out));
   return out;
+}
+
+Status Codec::restore_state(std::span<const float> state) {
+  if (state.empty()) return ok_status();
+  return invalid_argument("this codec keeps no state, but " + std::to_string(state.size()) +
+                          " values were given to restore");
+}
+
+Status ErrorFeedback::restore_state(std::span<const float> state) {
+  if (state.size() != residual_.size()) {
+    return invalid_argument("error feedback: saved residual has " + std::to_string(state.size()) +
+                            " elements, the layout " + std::to_string(residual_.size()));
+  }
+  for (size_t i = 0; i < state.size(); ++i) {
+    if (!std::isfinite(state[i])) {
+      return invalid_argument("error feedback: saved residual element " + std::to_string(i) +
+                              " is not finite");
+    }
+  }
+  std::copy(state.begin(), state.end(), residual_.begin());
+  return ok_status();
 }
 
 Status ErrorFeedback::encode_into(std::span<const float> delta, EncodedUpdate& sent) {

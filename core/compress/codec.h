@@ -103,6 +103,13 @@ class Codec {
   // encode_into a fresh EncodedUpdate.
   Result<EncodedUpdate> encode(std::span<const float> delta);
   virtual const Layout& layout() const = 0;
+  // The state a sender must keep across a restart so that no part of an update is lost: the
+  // error-feedback residual (numel floats), or nothing for codecs without one. Random streams
+  // and warm starts are not part of it (a restarted sender re-seeds them).
+  virtual std::span<const float> persistent_state() const { return {}; }
+  // Restores what persistent_state() returned. InvalidArgument when the size does not match,
+  // or when the codec keeps no state and `state` is not empty.
+  virtual Status restore_state(std::span<const float> state);
 };
 
 // Per tensor, the codec spec_for(tensor name) chooses. When any chosen spec has ef=1 the result
@@ -127,6 +134,9 @@ class ErrorFeedback final : public Codec {
   Status encode_into(std::span<const float> delta, EncodedUpdate& out) override;
   const Layout& layout() const override { return inner_->layout(); }
   std::span<const float> residual() const { return residual_; }
+  std::span<const float> persistent_state() const override { return residual_; }
+  // Non-finite residuals are InvalidArgument (a corrupt state must not poison every update).
+  Status restore_state(std::span<const float> state) override;
 
  private:
   std::unique_ptr<Codec> inner_;

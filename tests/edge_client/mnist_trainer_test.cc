@@ -36,6 +36,14 @@ v1::RoundPlan plan_of(uint32_t steps, float lr, uint64_t seed = 3) {
   return p;
 }
 
+MnistTrainerOptions opts(int64_t hidden, uint32_t epochs, float mu) {
+  MnistTrainerOptions o;
+  o.hidden = hidden;
+  o.epochs = epochs;
+  o.prox_mu = mu;
+  return o;
+}
+
 std::vector<int64_t> all(int n) {
   std::vector<int64_t> v(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
@@ -44,7 +52,7 @@ std::vector<int64_t> all(int n) {
 
 TEST_CASE("local training lowers the loss and repeats bit for bit", "[edge_client]") {
   auto set = tiny_set();
-  MnistTrainer trainer(set, all(40), {8, 1, 0.0f});
+  MnistTrainer trainer(set, all(40), opts(8, 1, 0.0f));
   const auto n = static_cast<size_t>(compress::validate_layout(trainer.layout()).value());
   models::Mlp init(models::MlpConfig{16, 8, 10}, 7);
   const auto global = flatten(init);
@@ -73,8 +81,8 @@ TEST_CASE("local training lowers the loss and repeats bit for bit", "[edge_clien
 
 TEST_CASE("the FedProx term keeps the local model near the global one", "[edge_client]") {
   auto set = tiny_set();
-  MnistTrainer plain(set, all(40), {8, 1, 0.0f});
-  MnistTrainer prox(set, all(40), {8, 1, 1.0f});
+  MnistTrainer plain(set, all(40), opts(8, 1, 0.0f));
+  MnistTrainer prox(set, all(40), opts(8, 1, 1.0f));
   models::Mlp init(models::MlpConfig{16, 8, 10}, 7);
   const auto global = flatten(init);
   std::vector<float> a(global.size()), b(global.size());
@@ -93,6 +101,27 @@ TEST_CASE("an empty partition is an error, not a crash", "[edge_client]") {
   const auto n = static_cast<size_t>(compress::validate_layout(trainer.layout()).value());
   std::vector<float> global(n), delta(n);
   CHECK_FALSE(trainer.train(global, plan_of(1, 0.1f), delta).ok());
+}
+
+TEST_CASE("the CNN trainer learns the tiny images and keeps the paper's names", "[edge_client]") {
+  MnistTrainerOptions o = opts(8, 1, 0.0f);
+  o.model = MnistModel::kCnn;
+  o.cnn = models::CnnConfig{0, 4, 8, 16, 10};
+  MnistTrainer trainer(tiny_set(), all(40), o);
+  const auto& layout = trainer.layout();
+  REQUIRE(layout.size() == 8);
+  CHECK(layout[0].name == "conv1.weight");
+  CHECK(layout[0].shape == Shape{4, 1, 5, 5});
+  CHECK(layout[4].shape == Shape{16, 8});  // fc1: 8 channels x (4/4)^2
+  auto init = make_mnist_model(o, 16, 7);
+  const auto global = flatten(*init);
+  std::vector<float> delta(global.size());
+  auto first = trainer.train(global, plan_of(1, 0.05f), delta);
+  REQUIRE(first.ok());
+  auto longer = trainer.train(global, plan_of(120, 0.05f), delta);
+  REQUIRE(longer.ok());
+  CHECK(longer->loss < first->loss);
+  CHECK(trainer.working_set_bytes(plan_of(1, 0.05f)) > 0);
 }
 
 }  // namespace

@@ -1,0 +1,209 @@
+// `starling client`: an edge client of a federation (configs/fed_*.toml [client]), and
+// `starling client --check`, which validates config, certificates, data, state and the link to
+// the aggregator before a device joins.
+#include <spdlog/spdlog.h>
+
+#include <asio/io_context.hpp>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "aggregator/fed_task.h"
+#include "apps/starling/commands.h"
+#include "apps/starling/io_loop.h"
+#include "core/net/certs.h"
+#include "core/net/tls.h"
+#include "edge_client/client_state.h"
+#include "edge_client/device.h"
+#include "edge_client/edge_client.h"
+#include "edge_client/fed_config.h"
+#include "edge_client/mnist_trainer.h"
+#include "edge_client/preflight.h"
+
+namespace starling::apps {
+namespace {
+
+struct ClientArgs {
+  std::string config;
+  std::string node_id;
+  int partition = -1;
+  bool check = false;
+  uint32_t check_timeout_s = 10;
+};
+
+struct Setup {
+  v1::FederationConfig cfg;
+  net::TlsConfig tls;
+  std::string node_id;
+  uint32_t partition = 0;
+};
+
+Result<Setup> setup(const ClientArgs& args) {
+  Setup s;
+  ASSIGN_OR_RETURN(s.cfg, aggregator::load_federation_config(args.config));
+  ASSIGN_OR_RETURN(s.tls, net::load_tls_config(s.cfg.tls().ca(), s.cfg.tls().cert(),
+                                               s.cfg.tls().key(), s.cfg.tls().crl()));
+  s.node_id = !args.node_id.empty() ? args.node_id : s.cfg.client().node_id();
+  if (s.node_id.empty()) {
+    ASSIGN_OR_RETURN(auto cert, net::cert_from_pem(s.tls.cert_pem));
+    s.node_id = net::cert_identity(cert.get()).common_name;
+  }
+  s.partition = args.partition >= 0 ? static_cast<uint32_t>(args.partition)
+                                    : s.cfg.client().partition_index();
+  if (s.partition >= s.cfg.data().num_clients()) {
+    return invalid_argument(args.config + ": partition " + std::to_string(s.partition) +
+                            " >= data.num_clients " + std::to_string(s.cfg.data().num_clients()));
+  }
+  return s;
+}
+
+// This client's examples only: the full training set is dropped once they are copied.
+Result<std::shared_ptr<const data::MnistSet>> load_own_examples(const Setup& s,
+                                                                std::vector<int64_t>* indices) {
+  ASSIGN_OR_RETURN(auto train, aggregator::load_split(s.cfg, true));
+  ASSIGN_OR_RETURN(auto parts, aggregator::make_partition(s.cfg, *train));
+  const auto& mine = parts[s.partition];
+  if (mine.empty()) {
+    return failed_precondition("partition " + std::to_string(s.partition) + " has no examples");
+  }
+  ASSIGN_OR_RETURN(auto own, data::subset(*train, mine));
+  indices->resize(mine.size());
+  for (size_t i = 0; i < mine.size(); ++i) (*indices)[i] = static_cast<int64_t>(i);
+  return std::make_shared<const data::MnistSet>(std::move(own));
+}
+
+Status run_client(const ClientArgs& args) {
+  ASSIGN_OR_RETURN(Setup s, setup(args));
+  std::vector<int64_t> indices;
+  ASSIGN_OR_RETURN(auto own, load_own_examples(s, &indices));
+  edge_client::MnistTrainer trainer(own, std::move(indices), aggregator::trainer_options(s.cfg));
+  ASSIGN_OR_RETURN(auto ctx, net::make_tls_context(s.tls, net::TlsSide::kClient));
+  auto options = edge_client::edge_client_options(s.cfg, s.node_id, 0, s.partition + 1);
+  asio::io_context io;
+  spdlog::info("client {}: partition {} ({} examples), aggregator {}:{}, state {}", s.node_id,
+               s.partition, own->size(), options.connect.host, options.connect.port,
+               options.state_path.empty() ? "in memory" : options.state_path);
+  edge_client::EdgeClient client(io, ctx, options, trainer);
+  client.start();
+  run_while(io, [&] { return client.stopped(); });
+  if (auto peak = edge_client::peak_rss_bytes(); peak.ok()) {
+    spdlog::info("client {}: {} rounds trained, {} declined, peak RSS {:.1f} MiB", s.node_id,
+                 client.rounds_trained(), client.rounds_declined(),
+                 static_cast<double>(*peak) / (1 << 20));
+  }
+  return client.error();
+}
+
+// Prints one line per check; returns how many failed.
+int run_check(const ClientArgs& args) {
+  int failed = 0;
+  auto report = [&](const std::string& what, const Status& st, const std::string& detail) {
+    if (st.ok()) {
+      std::printf("  ok    %-13s %s\n", what.c_str(), detail.c_str());
+    } else {
+      ++failed;
+      std::printf("  FAIL  %-13s %s\n", what.c_str(), st.to_string().c_str());
+    }
+    std::fflush(stdout);
+  };
+  std::printf("starling client --check %s\n", args.config.c_str());
+  auto s = setup(args);
+  if (!s.ok()) {
+    report("config", s.status(), "");
+    return failed;
+  }
+  report("config", ok_status(),
+         args.config + " (node " + s->node_id + ", partition " + std::to_string(s->partition) +
+             " of " + std::to_string(s->cfg.data().num_clients()) + ")");
+  auto cert = edge_client::check_node_certificate(s->tls, s->node_id);
+  report("certificate", cert.status(), cert.ok() ? *cert : "");
+
+  std::vector<int64_t> indices;
+  auto own = load_own_examples(*s, &indices);
+  report(
+      "data", own.status(),
+      own.ok() ? std::to_string((*own)->size()) + " examples of " + s->cfg.data().dataset() : "");
+
+  const auto options = edge_client::edge_client_options(s->cfg, s->node_id, 0, 1);
+  if (own.ok()) {
+    edge_client::MnistTrainer trainer(*own, indices, aggregator::trainer_options(s->cfg));
+    v1::RoundPlan plan;
+    plan.set_batch_size(s->cfg.local().batch_size());
+    uint64_t numel = 0;
+    for (const auto& t : trainer.layout()) numel += static_cast<uint64_t>(shape_numel(t.shape));
+    const uint64_t need = trainer.working_set_bytes(plan) + 5 * numel * 4;
+    const Status mem = edge_client::MemoryBudget{options.memory_limit_bytes}.check(need, "a round");
+    const auto rss = edge_client::current_rss_bytes();
+    report(
+        "memory", mem,
+        "a round needs about " + std::to_string((need + (1u << 19)) >> 20) + " MiB on top of " +
+            std::to_string(rss.ok() ? (*rss + (1u << 19)) >> 20 : 0) + " MiB; limit " +
+            (options.memory_limit_bytes ? std::to_string(options.memory_limit_bytes >> 20) + " MiB"
+                                        : std::string("none")));
+  }
+
+  if (options.state_path.empty()) {
+    report("state", ok_status(), "not kept ([client].state_path = \"none\")");
+  } else {
+    auto st = edge_client::load_client_state(options.state_path, s->node_id);
+    if (st.status().code() == StatusCode::kNotFound) {
+      report("state", ok_status(), options.state_path + " (none yet: first start)");
+    } else {
+      report("state", st.status(),
+             st.ok() ? options.state_path + " (" + std::to_string(st->rounds_trained) +
+                           " rounds trained)"
+                     : "");
+    }
+  }
+
+  if (options.condition.empty()) {
+    report("condition", ok_status(), "none: trains whenever selected");
+  } else {
+    std::string why;
+    auto allowed = options.condition.allows(&why);
+    // A condition that refuses now is not a failure: the client waits for it.
+    report("condition", allowed.status(),
+           allowed.ok() && *allowed ? "allows training now" : "not now: " + why);
+  }
+
+  auto ctx = net::make_tls_context(s->tls, net::TlsSide::kClient);
+  if (!ctx.ok()) {
+    report("aggregator", ctx.status(), "");
+  } else {
+    auto probe = edge_client::probe_aggregator(*ctx, options.connect, s->node_id,
+                                               std::chrono::seconds(args.check_timeout_s));
+    report("aggregator", probe.status(), probe.ok() ? *probe + ", Hello exchanged" : "");
+  }
+  std::printf(failed ? "%d check(s) failed\n" : "all checks passed\n", failed);
+  return failed;
+}
+
+}  // namespace
+
+void register_client(CLI::App& app, CommandContext& ctx) {
+  auto args = std::make_shared<ClientArgs>();
+  auto* cmd = app.add_subcommand("client", "Run an edge client of a federation");
+  cmd->add_option("-c,--config", args->config, "Federation TOML config (configs/fed_*.toml)")
+      ->required();
+  cmd->add_option("--node-id", args->node_id,
+                  "Our identity (default: [client].node_id, else the certificate's CN)");
+  cmd->add_option("--partition", args->partition,
+                  "Which data partition to train on (default: [client].partition_index)");
+  cmd->add_flag("--check", args->check,
+                "Validate config, certificate, data, memory, state file, training condition and "
+                "the link to the aggregator, then exit (0: all passed)");
+  cmd->add_option("--check-timeout", args->check_timeout_s,
+                  "Seconds to wait for the aggregator in --check")
+      ->capture_default_str();
+  cmd->callback([args, &ctx] {
+    if (args->check) {
+      if (run_check(*args) != 0) ctx.exit_code = 1;
+      return;
+    }
+    const Status st = run_client(*args);
+    if (!st.ok()) fail(ctx, st.to_string());
+  });
+}
+
+}  // namespace starling::apps

@@ -1,0 +1,32 @@
+// [client] section → EdgeClientOptions.
+#include "edge_client/fed_config.h"
+
+namespace starling::edge_client {
+
+EdgeClientOptions edge_client_options(const v1::FederationConfig& config,
+                                      const std::string& node_id, uint16_t port, uint64_t seed) {
+  const auto& c = config.client();
+  EdgeClientOptions o;
+  o.connect.host = c.server_host();
+  o.connect.port = port ? port : static_cast<uint16_t>(c.server_port());
+  o.connect.server_name = c.server_name();
+  o.node_id = node_id;
+  o.backoff.initial = std::chrono::milliseconds(c.backoff_initial_ms());
+  o.backoff.max = std::chrono::milliseconds(c.backoff_max_ms());
+  o.seed = seed;
+  o.memory_limit_bytes = static_cast<uint64_t>(c.memory_limit_mb()) << 20;
+  o.condition.file = c.condition_file();
+  o.condition.command = c.condition_command();
+  o.condition_poll = std::chrono::seconds(c.condition_poll_s());
+  o.upload_bytes_per_second = static_cast<uint64_t>(c.upload_limit_kbps()) * 1000;
+  if (c.state_path() == "none") {
+    o.state_path.clear();
+  } else if (c.state_path().empty()) {
+    o.state_path = node_id + ".state.safetensors";
+  } else {
+    o.state_path = c.state_path();
+  }
+  return o;
+}
+
+}  // namespace starling::edge_client

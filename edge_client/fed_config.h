@@ -1,0 +1,19 @@
+// The edge client's options from a federation config's [client] section, shared by
+// `starling client`, its --check and the in-process simulations.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/wire/federation.pb.h"
+#include "edge_client/edge_client.h"
+
+namespace starling::edge_client {
+
+// [client] → EdgeClientOptions: server address and name, backoff, device awareness (memory
+// limit, training condition, upload cap) and the state file ("" in the config: <node_id>.state
+// .safetensors; "none": not kept). `port` overrides server_port when non-zero.
+EdgeClientOptions edge_client_options(const v1::FederationConfig& config,
+                                      const std::string& node_id, uint16_t port, uint64_t seed);
+
+}  // namespace starling::edge_client

@@ -1,0 +1,48 @@
+// The local trainer of language-model clients: a char GPT (models/gpt) trained with minibatch
+// SGD (gradient clipping, FedProx's proximal term) on this client's slice of a token stream.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "edge_client/edge_client.h"
+#include "models/gpt/gpt.h"
+
+namespace starling::edge_client {
+
+struct GptTrainerOptions {
+  models::GptConfig model;
+  uint32_t epochs = 1;     // used when the plan's local_steps is 0
+  float prox_mu = 0.0f;    // FedProx: gradient += mu (w - w_global)
+  float grad_clip = 1.0f;  // global gradient norm clip per step; 0: none
+};
+
+// Local steps of a round: the plan's local_steps, else epochs passes of ceil(windows / batch)
+// steps, where a client with n tokens holds floor((n - 1) / T) disjoint windows of T.
+int64_t gpt_local_steps(int64_t num_tokens, int64_t block_size, uint32_t epochs,
+                        const v1::RoundPlan& plan);
+
+class GptTrainer : public LocalTrainer {
+ public:
+  // Trains on tokens[begin, end) of the shared stream. The stream must outlive the trainer.
+  // REQUIRES: end - begin > options.model.block_size (one window and its target).
+  GptTrainer(std::shared_ptr<const std::vector<int32_t>> tokens, int64_t begin, int64_t end,
+             GptTrainerOptions options);
+  const compress::Layout& layout() const override { return layout_; }
+  // Each step takes plan.batch_size windows of T tokens starting uniformly at random in this
+  // client's slice (the plan's seed drives them, so a round repeats bit for bit) and makes one
+  // SGD step with plan.learning_rate. num_samples is the client's token count.
+  Result<TrainReport> train(std::span<const float> global, const v1::RoundPlan& plan,
+                            std::span<float> delta) override;
+
+ private:
+  std::shared_ptr<const std::vector<int32_t>> tokens_;
+  int64_t begin_;
+  int64_t end_;
+  GptTrainerOptions options_;
+  models::Gpt model_;
+  compress::Layout layout_;
+};
+
+}  // namespace starling::edge_client
