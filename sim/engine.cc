@@ -1,0 +1,391 @@
+// The in-process simulation: selection, worker pool, wire round trip, emulated clock.
+#include "sim/engine.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "aggregator/accumulator.h"
+#include "aggregator/fed_task.h"
+#include "aggregator/strategy.h"
+#include "core/net/chunk_stream.h"
+#include "core/util/rng.h"
+#include "core/wire/envelope.h"
+#include "core/wire/frame.h"
+#include "edge_client/transfer.h"
+#include "sim/link.h"
+
+namespace starling::sim {
+
+std::string RoundRecord::metrics_json() const {
+  nlohmann::json j = {{"round", round},
+                      {"available", available},
+                      {"selected", selected},
+                      {"dropped", dropped},
+                      {"stragglers", stragglers},
+                      {"updates", updates},
+                      {"rejected", rejected},
+                      {"attempts", attempts},
+                      {"examples", examples},
+                      {"train_loss", train_loss},
+                      {"bytes_up", bytes_up},
+                      {"bytes_down", bytes_down},
+                      {"bytes_total", bytes_total},
+                      {"sim_round_seconds", sim_round_seconds},
+                      {"sim_seconds", sim_seconds}};
+  if (evaluated) {
+    j["test_loss"] = test_loss;
+    j["test_accuracy"] = test_accuracy;
+  }
+  return j.dump();
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// FNV-1a of the node id, as the aggregator derives per-client plan seeds.
+uint64_t fnv1a(std::string_view text) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// The in-memory transport: messages are framed as on a TLS stream, counted, and parsed back by
+// a FrameDecoder, as a Connection would.
+class WireLoop {
+ public:
+  Status send(const v1::Envelope& e) {
+    ASSIGN_OR_RETURN(std::string frame,
+                     wire::encode_framed_envelope(e, wire::kDefaultMaxFrameBytes));
+    bytes_ += frame.size();
+    return decoder_.feed(frame);
+  }
+  Result<v1::Envelope> receive() {
+    ASSIGN_OR_RETURN(auto view, decoder_.next());
+    if (!view) return internal_error("wire loop: no complete frame");
+    return wire::decode_envelope(*view);
+  }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  wire::FrameDecoder decoder_;
+  uint64_t bytes_ = 0;
+};
+
+// Sends `payload` as a transfer after `head` (which carries its header) and returns what the
+// receiver reassembled, checked against the header's SHA-256.
+Result<std::string> transfer(WireLoop& wire, v1::Envelope head, std::string_view payload,
+                             uint64_t id, uint32_t chunk_bytes, std::string_view content_type,
+                             uint64_t limit) {
+  net::ChunkSender sender(id, payload, chunk_bytes, std::string(content_type));
+  *(head.has_update_upload() ? head.mutable_update_upload()->mutable_transfer()
+                             : head.mutable_model_download()->mutable_transfer()) = sender.header();
+  RETURN_IF_ERROR(wire.send(head));
+  ASSIGN_OR_RETURN(v1::Envelope got, wire.receive());
+  const v1::TransferHeader& header =
+      got.has_update_upload() ? got.update_upload().transfer() : got.model_download().transfer();
+  ASSIGN_OR_RETURN(auto rx, net::ChunkReceiver::create_buffered(header, limit));
+  for (uint64_t c = 0; c < sender.num_chunks(); ++c) {
+    v1::Envelope e;
+    ASSIGN_OR_RETURN(*e.mutable_chunk(), sender.chunk(c));
+    RETURN_IF_ERROR(wire.send(e));
+    ASSIGN_OR_RETURN(v1::Envelope in, wire.receive());
+    RETURN_IF_ERROR(rx.accept(in.chunk()));
+  }
+  RETURN_IF_ERROR(rx.finish());
+  return rx.take_payload();
+}
+
+// What one selected client produced in a round.
+struct Outcome {
+  bool dropped = false;
+  std::string payload;  // the update as the aggregator received it
+  float weight = 0;
+  float loss = 0;
+  uint64_t bytes_up = 0;
+  uint64_t chunks_up = 0;
+  double seconds = 0;  // simulated: download + compute + upload
+};
+
+int worker_count(const v1::FederationConfig& c) {
+  if (c.simulate().workers() > 0) return static_cast<int>(c.simulate().workers());
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+Result<int> fleet_size(const v1::FederationConfig& c, const SimTask& task) {
+  const int have = task.num_clients();
+  if (c.simulate().num_clients() == 0) return have;
+  if (static_cast<int>(c.simulate().num_clients()) > have) {
+    return invalid_argument("simulate.num_clients " + std::to_string(c.simulate().num_clients()) +
+                            " exceeds the " + std::to_string(have) +
+                            " client partitions of [data]");
+  }
+  return static_cast<int>(c.simulate().num_clients());
+}
+
+}  // namespace
+
+Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
+                                 const std::filesystem::path& out_dir,
+                                 const RoundCallback& on_round) {
+  const auto opts = aggregator::aggregator_options(cfg);
+  if (opts.buffer_size > 0) {
+    return invalid_argument(
+        "rounds.buffer_size (FedBuff) runs only in simulate.mode = \"LOOPBACK\"");
+  }
+  ASSIGN_OR_RETURN(const int n_clients, fleet_size(cfg, task));
+  const auto t0 = Clock::now();
+  const compress::Layout& layout = task.layout();
+  SimResult res;
+  res.mode = "in-process";
+  res.num_clients = n_clients;
+  res.workers = worker_count(cfg);
+  res.participation.assign(static_cast<size_t>(n_clients), 0);
+  res.global = task.initial_model();
+  const size_t numel = res.global.size();
+  aggregator::ServerOptimizer optimizer(opts.strategy, static_cast<int64_t>(numel));
+  aggregator::UpdateAccumulator acc(static_cast<int64_t>(numel), opts.rule);
+  std::vector<float> mean(numel);
+  ResidualStore store(out_dir / "residuals",
+                      static_cast<uint64_t>(cfg.simulate().residual_memory_mb()) << 20);
+  const LinkModel link(LinkOptions::from_proto(cfg.simulate()), opts.seed);
+  const uint32_t chunk_bytes = std::max<uint32_t>(1024, cfg.simulate().chunk_bytes());
+  const double deadline = std::chrono::duration<double>(opts.round_deadline).count();
+  const uint64_t update_limit =
+      opts.max_update_bytes ? opts.max_update_bytes : numel * 8 + (1u << 20);
+  uint64_t version = 0, bytes_total = 0;
+  double sim_seconds = 0;
+
+  for (uint64_t round = 1; round <= opts.num_rounds; ++round) {
+    RoundRecord rec;
+    rec.round = round;
+    for (uint64_t attempt = 0;; ++attempt) {
+      if (attempt >= 100) {
+        return failed_precondition("round " + std::to_string(round) +
+                                   " failed 100 times: too few clients available or fast enough "
+                                   "for rounds.min_updates before rounds.round_deadline_ms");
+      }
+      rec.attempts = static_cast<int>(attempt + 1);
+      // Selection, as the aggregator does it: over the clients online now.
+      std::vector<int> idle;
+      for (int k = 0; k < n_clients; ++k) {
+        if (link.available(k, round)) idle.push_back(k);
+      }
+      const size_t available = idle.size();
+      rec.available = static_cast<int>(available);
+      if (available == 0 || available < opts.min_available) {
+        sim_seconds += deadline;
+        continue;
+      }
+      auto ceil_count = [](double x) { return static_cast<size_t>(std::ceil(x - 1e-6)); };
+      size_t want = std::max<size_t>(opts.clients_per_round,
+                                     ceil_count(opts.fraction * static_cast<double>(available)));
+      want = std::clamp<size_t>(want, 1, available);
+      const size_t pick =
+          std::min(available, ceil_count(static_cast<double>(want) * (1.0 + opts.over_selection)));
+      Rng rng = Rng(opts.seed).fork((round << 16) + attempt);
+      for (size_t i = 0; i < pick; ++i) {
+        const size_t j = i + static_cast<size_t>(rng.below(available - i));
+        std::swap(idle[i], idle[j]);
+      }
+      std::vector<int> chosen(idle.begin(), idle.begin() + static_cast<std::ptrdiff_t>(pick));
+
+      // The model download: one framed, chunked transfer, decoded back; every client gets it.
+      WireLoop down;
+      v1::Envelope dl;
+      dl.mutable_model_download()->set_round(round);
+      dl.mutable_model_download()->set_model_version(version);
+      const std::string model_bytes = edge_client::to_f32_bytes(res.global);
+      ASSIGN_OR_RETURN(std::string got,
+                       transfer(down, dl, model_bytes, round, chunk_bytes,
+                                edge_client::kModelContentType, numel * 4),
+                       "model download");
+      std::vector<float> round_global(numel);
+      RETURN_IF_ERROR(edge_client::from_f32_bytes(got, round_global), "model download");
+      const uint64_t down_chunks = (model_bytes.size() + chunk_bytes - 1) / chunk_bytes;
+
+      // Local training on the worker pool.
+      std::vector<Outcome> out(pick);
+      std::atomic<size_t> next{0};
+      std::mutex err_mu;
+      Status first_error;
+      auto work = [&] {
+        omp_set_num_threads(1);  // one core per client: deterministic and not oversubscribed
+        compress::EncodedUpdate encoded;
+        std::vector<float> delta(numel);
+        for (size_t i = next++; i < pick; i = next++) {
+          const int k = chosen[i];
+          Outcome& o = out[i];
+          const ClientProfile prof = link.profile(k);
+          const std::string node = "client-" + std::to_string(k);
+          v1::RoundPlan plan;
+          plan.set_round(round);
+          plan.set_model_version(version);
+          plan.set_local_steps(opts.local_steps);
+          plan.set_batch_size(opts.batch_size);
+          plan.set_learning_rate(opts.learning_rate);
+          plan.set_codec(opts.codec);
+          plan.set_seed(Rng(opts.seed).fork(round).fork(fnv1a(node)).next_u64());
+          WireLoop wire;
+          v1::Envelope pe;
+          *pe.mutable_round_plan() = plan;
+          Status st = wire.send(pe);
+          const double down_s =
+              link.transfer_seconds(k, round, 0, down.bytes() + wire.bytes(), down_chunks,
+                                    prof.down_bytes_per_s, prof.latency_s);
+          if (link.drops(k, round, attempt)) {
+            o.dropped = true;
+            continue;
+          }
+          auto r = [&]() -> Result<Outcome> {
+            RETURN_IF_ERROR(st);
+            ASSIGN_OR_RETURN(v1::Envelope plan_in, wire.receive());
+            auto trainer = task.make_trainer(k);
+            ASSIGN_OR_RETURN(auto report, trainer->train(round_global, plan_in.round_plan(), delta),
+                             node + ": local training");
+            trainer.reset();
+            ASSIGN_OR_RETURN(std::vector<float> residual, store.take(k), node);
+            ASSIGN_OR_RETURN(
+                ClientCodec codec,
+                ClientCodec::create(
+                    plan.codec(), layout,
+                    Rng(opts.seed).fork(3).fork(static_cast<uint64_t>(k)).fork(round).next_u64()),
+                node);
+            RETURN_IF_ERROR(codec.encode(delta, residual, encoded), node + ": encoding the update");
+            RETURN_IF_ERROR(store.put(k, std::move(residual)), node);
+            const std::string bytes = compress::serialize_update(encoded);
+            WireLoop up;
+            v1::Envelope ue;
+            auto* u = ue.mutable_update_upload();
+            u->set_round(round);
+            u->set_base_version(version);
+            u->set_num_samples(report.num_samples);
+            u->set_codec(plan.codec());
+            u->set_train_loss(report.loss);
+            Outcome oc;
+            ASSIGN_OR_RETURN(oc.payload,
+                             transfer(up, ue, bytes, round, chunk_bytes,
+                                      edge_client::kUpdateContentType, update_limit),
+                             node + ": upload");
+            oc.weight = static_cast<float>(report.num_samples);
+            oc.loss = report.loss;
+            oc.bytes_up = up.bytes();
+            oc.chunks_up = (bytes.size() + chunk_bytes - 1) / chunk_bytes;
+            const double compute_s =
+                static_cast<double>(task.local_steps(k, plan)) * prof.seconds_per_step;
+            oc.seconds = down_s + compute_s +
+                         link.transfer_seconds(k, round, 1, oc.bytes_up, oc.chunks_up,
+                                               prof.up_bytes_per_s, prof.latency_s);
+            return oc;
+          }();
+          if (!r.ok()) {
+            std::lock_guard lock(err_mu);
+            if (first_error.ok()) first_error = r.status();
+            next = pick;
+            continue;
+          }
+          o = std::move(*r);
+        }
+      };
+      std::vector<std::thread> pool;
+      const int nw = std::min<int>(res.workers, static_cast<int>(pick));
+      for (int w = 1; w < nw; ++w) pool.emplace_back(work);
+      {
+        // The calling thread works too; its OpenMP setting is restored for evaluation.
+        const int threads = omp_get_max_threads();
+        work();
+        omp_set_num_threads(threads);
+      }
+      for (auto& t : pool) t.join();
+      if (!first_error.ok()) return first_error.with_context("round " + std::to_string(round));
+
+      // Which updates the round takes: the first `want` to arrive before the deadline.
+      std::vector<size_t> order;
+      uint64_t bytes_up = 0;
+      int dropped = 0;
+      for (size_t i = 0; i < pick; ++i) {
+        bytes_up += out[i].bytes_up;
+        if (out[i].dropped) {
+          ++dropped;
+        } else if (out[i].seconds <= deadline) {
+          order.push_back(i);
+        }
+      }
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t a, size_t b) { return out[a].seconds < out[b].seconds; });
+      const uint64_t bytes_down = pick * down.bytes();
+      const size_t taken = std::min(order.size(), want);
+      rec.selected = static_cast<int>(pick);
+      rec.dropped = dropped;
+      rec.stragglers = static_cast<int>(pick) - dropped - static_cast<int>(taken);
+      rec.bytes_up += bytes_up;
+      rec.bytes_down += bytes_down;
+      bytes_total += bytes_up + bytes_down;
+      if (taken < std::max<uint32_t>(opts.min_updates, 1)) {
+        sim_seconds += deadline;
+        rec.sim_round_seconds += deadline;
+        continue;  // the aggregator retries the round
+      }
+      // Closes at the want-th arrival; with fewer, at the deadline if someone is still out.
+      double close = out[order[taken - 1]].seconds;
+      if (taken < want && (dropped > 0 || order.size() < pick - static_cast<size_t>(dropped))) {
+        close = deadline;
+      }
+      sim_seconds += close;
+      rec.sim_round_seconds += close;
+      std::vector<size_t> folded(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(taken));
+      std::sort(folded.begin(), folded.end());  // fold in selection order: reproducible sums
+      acc.reset();
+      double loss_sum = 0;
+      int rejected = 0;
+      for (size_t i : folded) {
+        const Status st = acc.fold_bytes(out[i].payload, out[i].weight);
+        out[i].payload.clear();
+        if (!st.ok()) {
+          ++rejected;
+          continue;
+        }
+        loss_sum += static_cast<double>(out[i].loss) * out[i].weight;
+        ++res.participation[static_cast<size_t>(chosen[i])];
+      }
+      if (acc.count() == 0) {
+        return data_loss("round " + std::to_string(round) + ": every update was rejected");
+      }
+      rec.updates = acc.count();
+      rec.rejected = rejected;
+      rec.examples = acc.total_weight();
+      rec.train_loss = loss_sum / acc.total_weight();
+      acc.mean_into(mean);
+      optimizer.apply(res.global, mean);
+      ++version;
+      break;
+    }
+    rec.bytes_total = bytes_total;
+    rec.sim_seconds = sim_seconds;
+    const uint32_t every = cfg.eval().every_rounds();
+    if (every > 0 && (round % every == 0 || round == opts.num_rounds)) {
+      const TaskEval e = task.evaluate(res.global);
+      rec.evaluated = true;
+      rec.test_loss = e.loss;
+      rec.test_accuracy = e.accuracy;
+    }
+    rec.real_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    res.rounds.push_back(rec);
+    if (on_round) on_round(rec);
+    const float target = cfg.eval().target_accuracy();
+    if (rec.evaluated && target > 0 && rec.test_accuracy >= target) break;
+  }
+  res.residuals = store.stats();
+  res.real_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace starling::sim

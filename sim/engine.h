@@ -1,0 +1,66 @@
+// The two ways `starling simulate` runs a federation. In-process: virtual clients trained by a
+// worker pool, each update encoded, framed and chunked into the protocol's messages and decoded
+// again by the aggregator's accumulator, strategy and robust rules, with link and device
+// emulation giving a simulated wall clock. Loopback: the real Aggregator and one EdgeClient per
+// client over mutual TLS on 127.0.0.1, with throwaway certificates.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/util/status.h"
+#include "core/wire/federation.pb.h"
+#include "sim/client_state.h"
+#include "sim/task.h"
+
+namespace starling::sim {
+
+// One completed round, as metrics.jsonl records it (deterministic: no real time in it).
+struct RoundRecord {
+  uint64_t round = 0;
+  int available = 0;
+  int selected = 0;
+  int dropped = 0;     // vanished mid-round (availability traces)
+  int stragglers = 0;  // reported after the round closed (deadline or quorum reached)
+  int updates = 0;     // folded
+  int rejected = 0;
+  int attempts = 1;  // 1 + failed tries of this round
+  double examples = 0;
+  double train_loss = 0;
+  uint64_t bytes_up = 0;     // framed bytes clients sent this round (all selected)
+  uint64_t bytes_down = 0;   // framed bytes the aggregator sent this round
+  uint64_t bytes_total = 0;  // cumulative, both directions
+  double sim_round_seconds = 0;
+  double sim_seconds = 0;  // cumulative simulated wall time
+  bool evaluated = false;
+  double test_loss = 0;
+  double test_accuracy = 0;
+  double real_seconds = 0;  // cumulative real wall time (timing.jsonl, not metrics.jsonl)
+
+  std::string metrics_json() const;
+};
+
+struct SimResult {
+  std::string mode;  // "in-process" or "loopback"
+  int num_clients = 0;
+  int workers = 0;
+  std::vector<RoundRecord> rounds;
+  std::vector<uint32_t> participation;  // rounds each client's update was folded in
+  std::vector<float> global;            // the final model
+  ResidualStore::Stats residuals;
+  double real_seconds = 0;
+};
+
+using RoundCallback = std::function<void(const RoundRecord&)>;
+
+// REQUIRES: config validated (SimTask::create did). `out_dir` receives residual spill files.
+Result<SimResult> run_in_process(const v1::FederationConfig& config, SimTask& task,
+                                 const std::filesystem::path& out_dir,
+                                 const RoundCallback& on_round);
+Result<SimResult> run_loopback(const v1::FederationConfig& config, SimTask& task,
+                               const std::filesystem::path& out_dir, const RoundCallback& on_round);
+
+}  // namespace starling::sim

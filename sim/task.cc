@@ -1,0 +1,265 @@
+// The MNIST and Shakespeare tasks of simulated federations.
+#include "sim/task.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "aggregator/fed_task.h"
+#include "core/autograd/autograd.h"
+#include "core/data/char_tokenizer.h"
+#include "core/data/data_dir.h"
+#include "core/data/shakespeare_roles.h"
+#include "core/data/text_file.h"
+#include "core/io/safetensors.h"
+#include "edge_client/gpt_trainer.h"
+#include "edge_client/mnist_trainer.h"
+#include "edge_client/model_params.h"
+#include "models/gpt/checkpoint.h"
+
+namespace starling::sim {
+namespace {
+
+io::StateDict model_dict(const compress::Layout& layout, std::span<const float> flat) {
+  io::StateDict sd;
+  for (const auto& info : layout) {
+    Tensor t = Tensor::uninitialized(info.shape);
+    std::memcpy(t.data<float>(), flat.data() + info.offset, static_cast<size_t>(t.numel()) * 4);
+    sd.emplace_back(info.name, std::move(t));
+  }
+  return sd;
+}
+
+class MnistTask final : public SimTask {
+ public:
+  MnistTask(const v1::FederationConfig& c, std::shared_ptr<const data::MnistSet> train,
+            std::shared_ptr<const data::MnistSet> test, data::Partition parts)
+      : config_(c), train_(std::move(train)), test_(std::move(test)), parts_(std::move(parts)) {
+    model_ = aggregator::make_model(c, train_->pixels());
+    layout_ = edge_client::layout_of(*model_);
+  }
+
+  int num_clients() const override { return static_cast<int>(parts_.size()); }
+  const compress::Layout& layout() const override { return layout_; }
+  std::vector<float> initial_model() const override {
+    return edge_client::flatten(*aggregator::make_model(config_, train_->pixels()));
+  }
+  std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const override {
+    return std::make_unique<edge_client::MnistTrainer>(train_, parts_[static_cast<size_t>(client)],
+                                                       aggregator::trainer_options(config_));
+  }
+  int64_t local_steps(int client, const v1::RoundPlan& plan) const override {
+    if (plan.local_steps() > 0) return plan.local_steps();
+    const auto n = static_cast<int64_t>(parts_[static_cast<size_t>(client)].size());
+    const int64_t batch = std::max<int64_t>(1, std::min<int64_t>(plan.batch_size(), n));
+    return static_cast<int64_t>(config_.local().epochs()) * ((n + batch - 1) / batch);
+  }
+  TaskEval evaluate(std::span<const float> global) override {
+    if (!test_) return {};
+    (void)edge_client::load_flat(*model_, global);
+    int64_t n = test_->size();
+    if (config_.eval().max_examples() > 0) {
+      n = std::min<int64_t>(n, config_.eval().max_examples());
+    }
+    const auto e = models::evaluate(*model_, test_->images.data(), test_->labels.data(), n);
+    return {e.loss, e.accuracy};
+  }
+  Status save_model(const std::filesystem::path& path, std::span<const float> global,
+                    uint64_t round) const override {
+    return io::save_safetensors(
+        path, model_dict(layout_, global),
+        {{"format", "starling-federation"},
+         {"round", std::to_string(round)},
+         {"model", config_.model().arch() == v1::FedModelConfig::CNN ? "cnn" : "mlp"},
+         {"hidden", std::to_string(config_.model().hidden())}});
+  }
+  std::string describe() const override {
+    const char* part[] = {"IID", "Dirichlet", "shards", "roles"};
+    const std::string model = config_.model().arch() == v1::FedModelConfig::CNN
+                                  ? std::string("CNN")
+                                  : fmt::format("2NN {}-{}-{}-10", train_->pixels(),
+                                                config_.model().hidden(), config_.model().hidden());
+    return fmt::format("{} ({} train examples), {} partition over {} clients; {}, {} parameters",
+                       config_.data().dataset(), train_->size(),
+                       part[static_cast<int>(config_.data().partition())], parts_.size(), model,
+                       model_->num_parameters());
+  }
+
+ private:
+  v1::FederationConfig config_;
+  std::shared_ptr<const data::MnistSet> train_;
+  std::shared_ptr<const data::MnistSet> test_;
+  data::Partition parts_;
+  std::unique_ptr<models::Classifier> model_;  // evaluation only
+  compress::Layout layout_;
+};
+
+class ShakespeareTask final : public SimTask {
+ public:
+  ShakespeareTask(const v1::FederationConfig& c, data::CharTokenizer tok,
+                  std::shared_ptr<const std::vector<int32_t>> train, std::vector<int64_t> bounds,
+                  std::vector<int32_t> test, std::vector<std::string> names, int64_t minor)
+      : config_(c),
+        tokenizer_(std::move(tok)),
+        train_(std::move(train)),
+        bounds_(std::move(bounds)),
+        test_(std::move(test)),
+        names_(std::move(names)),
+        minor_(minor) {
+    options_.model.vocab_size = tokenizer_.vocab_size();
+    options_.model.block_size = c.model().block_size();
+    options_.model.n_layer = c.model().n_layer();
+    options_.model.n_head = c.model().n_head();
+    options_.model.n_embd = c.model().n_embd();
+    options_.epochs = c.local().epochs();
+    options_.prox_mu = c.local().prox_mu();
+    options_.grad_clip = c.model().grad_clip();
+    model_ = std::make_unique<models::Gpt>(options_.model, c.model().seed());
+    layout_ = edge_client::layout_of(*model_);
+  }
+
+  int num_clients() const override { return static_cast<int>(names_.size()); }
+  const compress::Layout& layout() const override { return layout_; }
+  std::vector<float> initial_model() const override {
+    return edge_client::flatten(models::Gpt(options_.model, config_.model().seed()));
+  }
+  std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const override {
+    const auto k = static_cast<size_t>(client);
+    return std::make_unique<edge_client::GptTrainer>(train_, bounds_[k], bounds_[k + 1], options_);
+  }
+  int64_t local_steps(int client, const v1::RoundPlan& plan) const override {
+    const auto k = static_cast<size_t>(client);
+    return edge_client::gpt_local_steps(bounds_[k + 1] - bounds_[k], options_.model.block_size,
+                                        options_.epochs, plan);
+  }
+  // Cross-entropy and next-character accuracy over disjoint windows of the held-out text,
+  // evenly spaced (eval.max_examples of them; 0: all).
+  TaskEval evaluate(std::span<const float> global) override {
+    (void)edge_client::load_flat(*model_, global);
+    autograd::NoGradGuard ng;
+    model_->train(false);
+    const int64_t T = options_.model.block_size, V = options_.model.vocab_size;
+    const int64_t windows = (static_cast<int64_t>(test_.size()) - 1) / T;
+    int64_t n = windows;
+    if (config_.eval().max_examples() > 0) n = std::min<int64_t>(n, config_.eval().max_examples());
+    double loss = 0, correct = 0;
+    const int64_t kBatch = 32;
+    std::vector<int32_t> x, y;
+    for (int64_t w0 = 0; w0 < n; w0 += kBatch) {
+      const int64_t B = std::min(kBatch, n - w0);
+      x.resize(static_cast<size_t>(B * T));
+      y.resize(x.size());
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t start = ((w0 + b) * windows / n) * T;
+        for (int64_t t = 0; t < T; ++t) {
+          x[static_cast<size_t>(b * T + t)] = test_[static_cast<size_t>(start + t)];
+          y[static_cast<size_t>(b * T + t)] = test_[static_cast<size_t>(start + t + 1)];
+        }
+      }
+      const Tensor logits = model_->forward(Tensor::from_vector(x, {B, T})).contiguous();
+      const float* l = logits.data<float>();
+      for (int64_t r = 0; r < B * T; ++r) {
+        const float* row = l + r * V;
+        int64_t arg = 0;
+        for (int64_t v = 1; v < V; ++v) arg = row[v] > row[arg] ? v : arg;
+        double sum = 0;
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - row[arg]));
+        const auto target = static_cast<int64_t>(y[static_cast<size_t>(r)]);
+        loss += std::log(sum) - static_cast<double>(row[target] - row[arg]);
+        correct += arg == target ? 1.0 : 0.0;
+      }
+    }
+    model_->train(true);
+    const double count = static_cast<double>(std::max<int64_t>(1, n * T));
+    return {loss / count, correct / count};
+  }
+  Status save_model(const std::filesystem::path& path, std::span<const float> global,
+                    uint64_t round) const override {
+    models::Gpt model(options_.model, 0);
+    RETURN_IF_ERROR(edge_client::load_flat(model, global));
+    v1::RunConfig rc;
+    rc.mutable_model()->set_block_size(static_cast<int32_t>(options_.model.block_size));
+    rc.mutable_model()->set_n_layer(static_cast<int32_t>(options_.model.n_layer));
+    rc.mutable_model()->set_n_head(static_cast<int32_t>(options_.model.n_head));
+    rc.mutable_model()->set_n_embd(static_cast<int32_t>(options_.model.n_embd));
+    rc.mutable_model()->set_vocab_size(static_cast<int32_t>(options_.model.vocab_size));
+    rc.mutable_data()->set_dataset("tinyshakespeare");
+    rc.mutable_data()->set_data_dir(config_.data().data_dir());
+    rc.mutable_sample()->set_prompt("ROMEO:\n");
+    return models::save_gpt_checkpoint(path, model, rc, tokenizer_,
+                                       {static_cast<int64_t>(round), 0.0, 0.0});
+  }
+  std::string describe() const override {
+    return fmt::format(
+        "Tiny Shakespeare by speaking role: {} clients ({} train characters; {} minor roles {}), "
+        "char GPT L={} H={} C={} T={}, {} parameters",
+        names_.size(), train_->size(), minor_,
+        config_.data().merge_minor_roles() ? "merged" : "dropped", options_.model.n_layer,
+        options_.model.n_head, options_.model.n_embd, options_.model.block_size,
+        model_->num_parameters());
+  }
+
+ private:
+  v1::FederationConfig config_;
+  data::CharTokenizer tokenizer_;
+  std::shared_ptr<const std::vector<int32_t>> train_;
+  std::vector<int64_t> bounds_;  // client k trains on train_[bounds_[k], bounds_[k + 1])
+  std::vector<int32_t> test_;
+  std::vector<std::string> names_;
+  int64_t minor_;
+  edge_client::GptTrainerOptions options_;
+  std::unique_ptr<models::Gpt> model_;  // evaluation only
+  compress::Layout layout_;
+};
+
+Result<std::unique_ptr<SimTask>> make_shakespeare(const v1::FederationConfig& c,
+                                                  std::string_view source) {
+  const std::string ctx = std::string(source) + ": data";
+  ASSIGN_OR_RETURN(auto dir, data::resolve_data_dir(c.data().data_dir()), ctx);
+  ASSIGN_OR_RETURN(auto file, data::resolve_dataset_file(dir, "tinyshakespeare"), ctx);
+  ASSIGN_OR_RETURN(std::string text, data::read_text_file(file), ctx);
+  data::ShakespeareRolesOptions o;
+  o.min_chars = c.data().min_role_chars();
+  o.merge_minor = c.data().merge_minor_roles();
+  o.test_fraction = c.data().test_fraction();
+  ASSIGN_OR_RETURN(auto roles, data::split_by_role(text, o, file.string()), ctx);
+  ASSIGN_OR_RETURN(auto tok, data::CharTokenizer::from_corpus(text), ctx);
+  auto train = std::make_shared<std::vector<int32_t>>();
+  std::vector<int64_t> bounds{0};
+  std::vector<int32_t> test;
+  std::vector<std::string> names;
+  for (const auto& r : roles.roles) {
+    ASSIGN_OR_RETURN(auto ids, tok.encode(r.train), ctx);
+    train->insert(train->end(), ids.begin(), ids.end());
+    bounds.push_back(static_cast<int64_t>(train->size()));
+    ASSIGN_OR_RETURN(auto test_ids, tok.encode(r.test), ctx);
+    test.insert(test.end(), test_ids.begin(), test_ids.end());
+    names.push_back(r.role);
+  }
+  if (static_cast<int64_t>(test.size()) <= c.model().block_size()) {
+    return invalid_argument(ctx + ": the held-out text is shorter than one window");
+  }
+  return std::unique_ptr<SimTask>(new ShakespeareTask(c, std::move(tok), std::move(train),
+                                                      std::move(bounds), std::move(test),
+                                                      std::move(names), roles.minor_roles));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SimTask>> SimTask::create(const v1::FederationConfig& c,
+                                                 std::string_view source) {
+  RETURN_IF_ERROR(aggregator::validate_federation_config(c, source));
+  if (c.data().dataset() == "shakespeare") return make_shakespeare(c, source);
+  const std::string ctx = std::string(source) + ": data";
+  ASSIGN_OR_RETURN(auto train, aggregator::load_split(c, true), ctx);
+  std::shared_ptr<const data::MnistSet> test;
+  if (c.eval().every_rounds() > 0) {
+    ASSIGN_OR_RETURN(test, aggregator::load_split(c, false), ctx);
+  }
+  ASSIGN_OR_RETURN(auto parts, aggregator::make_partition(c, *train), ctx);
+  return std::unique_ptr<SimTask>(
+      new MnistTask(c, std::move(train), std::move(test), std::move(parts)));
+}
+
+}  // namespace starling::sim

@@ -1,0 +1,50 @@
+// What a simulated federation trains, built from a FederationConfig: the MNIST 2NN on an image
+// partition, or a char GPT on Tiny Shakespeare split by speaking role. Clients are virtual:
+// make_trainer materializes one client's trainer only for the round it trains.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/compress/codec.h"
+#include "core/util/status.h"
+#include "core/wire/federation.pb.h"
+#include "edge_client/edge_client.h"
+
+namespace starling::sim {
+
+struct TaskEval {
+  double loss = 0.0;
+  double accuracy = 0.0;  // label accuracy (MNIST) or next-character accuracy (GPT)
+};
+
+class SimTask {
+ public:
+  // Loads the dataset of `config` (validated) and partitions it. Errors name `source` and the key.
+  static Result<std::unique_ptr<SimTask>> create(const v1::FederationConfig& config,
+                                                 std::string_view source);
+  virtual ~SimTask() = default;
+
+  virtual int num_clients() const = 0;
+  virtual const compress::Layout& layout() const = 0;
+  // The initial global model ([model].seed).
+  virtual std::vector<float> initial_model() const = 0;
+  // Client k's trainer, holding only what that client needs. Thread-safe (reads shared data).
+  virtual std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const = 0;
+  // Local steps client k takes for `plan` (to emulate its compute time).
+  virtual int64_t local_steps(int client, const v1::RoundPlan& plan) const = 0;
+  // The global model on the held-out data. Not thread-safe.
+  virtual TaskEval evaluate(std::span<const float> global) = 0;
+  // Writes the model as safetensors (a GPT as a checkpoint `starling sample` reads).
+  virtual Status save_model(const std::filesystem::path& path, std::span<const float> global,
+                            uint64_t round) const = 0;
+  // One line: dataset, clients, model size.
+  virtual std::string describe() const = 0;
+};
+
+}  // namespace starling::sim
