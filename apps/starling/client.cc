@@ -12,6 +12,8 @@
 #include "aggregator/fed_task.h"
 #include "apps/starling/commands.h"
 #include "apps/starling/io_loop.h"
+#include "core/data/data_dir.h"
+#include "core/data/mnist.h"
 #include "core/net/certs.h"
 #include "core/net/tls.h"
 #include "edge_client/client_state.h"
@@ -58,18 +60,22 @@ Result<Setup> setup(const ClientArgs& args) {
   return s;
 }
 
-// This client's examples only: the full training set is dropped once they are copied.
+// This client's examples only: the partition is computed from the labels, and only its images
+// are converted to floats (never the whole training set).
 Result<std::shared_ptr<const data::MnistSet>> load_own_examples(const Setup& s,
                                                                 std::vector<int64_t>* indices) {
-  ASSIGN_OR_RETURN(auto train, aggregator::load_split(s.cfg, true));
-  ASSIGN_OR_RETURN(auto parts, aggregator::make_partition(s.cfg, *train));
-  const auto& mine = parts[s.partition];
-  if (mine.empty()) {
-    return failed_precondition("partition " + std::to_string(s.partition) + " has no examples");
-  }
-  ASSIGN_OR_RETURN(auto own, data::subset(*train, mine));
-  indices->resize(mine.size());
-  for (size_t i = 0; i < mine.size(); ++i) (*indices)[i] = static_cast<int64_t>(i);
+  ASSIGN_OR_RETURN(auto dir, data::resolve_data_dir(s.cfg.data().data_dir()));
+  auto choose = [&](const data::MnistSet& labels) -> Result<std::vector<int64_t>> {
+    ASSIGN_OR_RETURN(auto parts, aggregator::make_partition(s.cfg, labels));
+    if (parts[s.partition].empty()) {
+      return failed_precondition("partition " + std::to_string(s.partition) + " has no examples");
+    }
+    return std::move(parts[s.partition]);
+  };
+  ASSIGN_OR_RETURN(auto own,
+                   data::load_mnist_split_subset(dir, s.cfg.data().dataset(), true, choose));
+  indices->resize(static_cast<size_t>(own.size()));
+  for (size_t i = 0; i < indices->size(); ++i) (*indices)[i] = static_cast<int64_t>(i);
   return std::make_shared<const data::MnistSet>(std::move(own));
 }
 

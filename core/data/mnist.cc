@@ -42,8 +42,11 @@ uint32_t be32(std::span<const uint8_t> b, size_t at) {
 
 }  // namespace
 
-Result<MnistSet> parse_mnist(std::span<const uint8_t> images, std::span<const uint8_t> labels,
-                             std::string_view source) {
+namespace {
+
+// Validates both files; converts the images unless labels_only.
+Result<MnistSet> parse_idx(std::span<const uint8_t> images, std::span<const uint8_t> labels,
+                           std::string_view source, bool labels_only) {
   const std::string src(source);
   if (images.size() < 16 || be32(images, 0) != 0x803) {
     return data_loss(src + ": images are not an IDX3 ubyte file (magic 0x00000803)");
@@ -67,9 +70,11 @@ Result<MnistSet> parse_mnist(std::span<const uint8_t> images, std::span<const ui
   MnistSet set;
   set.rows = static_cast<int64_t>(rows);
   set.cols = static_cast<int64_t>(cols);
-  set.images.resize(n * rows * cols);
-  for (size_t i = 0; i < set.images.size(); ++i) {
-    set.images[i] = static_cast<float>(images[16 + i]) / 255.0f;
+  if (!labels_only) {
+    set.images.resize(n * rows * cols);
+    for (size_t i = 0; i < set.images.size(); ++i) {
+      set.images[i] = static_cast<float>(images[16 + i]) / 255.0f;
+    }
   }
   set.labels.resize(n);
   for (size_t i = 0; i < n; ++i) {
@@ -80,6 +85,13 @@ Result<MnistSet> parse_mnist(std::span<const uint8_t> images, std::span<const ui
     set.labels[i] = labels[8 + i];
   }
   return set;
+}
+
+}  // namespace
+
+Result<MnistSet> parse_mnist(std::span<const uint8_t> images, std::span<const uint8_t> labels,
+                             std::string_view source) {
+  return parse_idx(images, labels, source, false);
 }
 
 Result<MnistSet> load_mnist(const std::filesystem::path& images,
@@ -113,6 +125,35 @@ Result<MnistSet> subset(const MnistSet& set, std::span<const int64_t> indices) {
     std::copy_n(set.images.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(i) * px), px,
                 out.images.begin() + static_cast<ptrdiff_t>(k * px));
     out.labels[k] = set.labels[static_cast<size_t>(i)];
+  }
+  return out;
+}
+
+Result<MnistSet> load_mnist_split_subset(const std::filesystem::path& data_dir,
+                                         std::string_view dataset, bool train,
+                                         const ExampleChooser& choose) {
+  const std::string prefix = std::string(dataset) + (train ? "-train-" : "-test-");
+  ASSIGN_OR_RETURN(auto images_path, resolve_dataset_file(data_dir, prefix + "images"));
+  ASSIGN_OR_RETURN(auto labels_path, resolve_dataset_file(data_dir, prefix + "labels"));
+  ASSIGN_OR_RETURN(auto img, read_gz(images_path));
+  ASSIGN_OR_RETURN(auto lab, read_gz(labels_path));
+  ASSIGN_OR_RETURN(MnistSet all, parse_idx(img, lab, images_path.string(), true));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> picked, choose(all));
+  MnistSet out;
+  out.rows = all.rows;
+  out.cols = all.cols;
+  const auto px = static_cast<size_t>(all.pixels());
+  out.images.resize(picked.size() * px);
+  out.labels.resize(picked.size());
+  for (size_t k = 0; k < picked.size(); ++k) {
+    const int64_t i = picked[k];
+    if (i < 0 || i >= all.size()) {
+      return out_of_range("example index " + std::to_string(i) + " outside a split of " +
+                          std::to_string(all.size()));
+    }
+    const uint8_t* src = img.data() + 16 + static_cast<size_t>(i) * px;
+    for (size_t p = 0; p < px; ++p) out.images[k * px + p] = static_cast<float>(src[p]) / 255.0f;
+    out.labels[k] = all.labels[static_cast<size_t>(i)];
   }
   return out;
 }

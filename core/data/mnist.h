@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -31,6 +32,13 @@ Result<MnistSet> load_mnist(const std::filesystem::path& images,
 // The train or test split of a named dataset ("mnist", "fashion-mnist") under data_dir.
 Result<MnistSet> load_mnist_split(const std::filesystem::path& data_dir, std::string_view dataset,
                                   bool train);
+// Picks examples of a split given its labels (images empty): an index list, in order.
+using ExampleChooser = std::function<Result<std::vector<int64_t>>(const MnistSet& labels_only)>;
+// As load_mnist_split, but only the examples `choose` picks are converted to floats: an edge
+// client never holds the whole split in memory as floats (60,000 MNIST images are 188 MB).
+Result<MnistSet> load_mnist_split_subset(const std::filesystem::path& data_dir,
+                                         std::string_view dataset, bool train,
+                                         const ExampleChooser& choose);
 // The examples at `indices`, in that order, as a set of their own (an edge client keeps only
 // its partition in memory). OutOfRange names the first index outside [0, set.size()).
 Result<MnistSet> subset(const MnistSet& set, std::span<const int64_t> indices);

@@ -112,7 +112,9 @@ TEST_CASE("gpt2 bpe: loads fast, vocabulary facts", "[data]") {
   REQUIRE(tok.ok());
   INFO("load took " << seconds << " s of CPU");
 #if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-  CHECK(seconds < 0.5);  // about 0.1 s optimized; sanitized debug builds take several times more
+  // About 0.1 s optimized. Not a speed target (those live in bench/): a guard against
+  // pathological (e.g. quadratic) loading, loose enough for emulated ARM64 runs under qemu.
+  CHECK(seconds < 5.0);
 #endif
   REQUIRE(tok->vocab_size() == 50257);
   REQUIRE(tok->eot_id() == 50256);

@@ -100,5 +100,33 @@ TEST_CASE("the real MNIST test split, when present", "[data]") {
   CHECK(set->labels[0] == 7);  // the first test digit is a 7
 }
 
+TEST_CASE("a subset of a split loads as the same examples, converted alone", "[data]") {
+  auto dir = resolve_data_dir("");
+  if (!dir.ok()) return;
+  std::error_code ec;
+  if (!fs::exists(*dir / "mnist" / "t10k-images-idx3-ubyte.gz", ec)) return;
+  auto all = load_mnist_split(*dir, "mnist", false);
+  REQUIRE(all.ok());
+  const std::vector<int64_t> pick = {9999, 0, 17, 17, 4242};
+  int64_t seen = 0;
+  auto part = load_mnist_split_subset(*dir, "mnist", false,
+                                      [&](const MnistSet& labels) -> Result<std::vector<int64_t>> {
+                                        seen = labels.size();
+                                        CHECK(labels.images.empty());
+                                        return pick;
+                                      });
+  REQUIRE(part.ok());
+  CHECK(seen == 10000);
+  auto expected = subset(*all, pick);
+  REQUIRE(expected.ok());
+  CHECK(part->images == expected->images);
+  CHECK(part->labels == expected->labels);
+  CHECK(subset(*all, std::vector<int64_t>{10000}).status().code() == StatusCode::kOutOfRange);
+  auto bad = load_mnist_split_subset(*dir, "mnist", false, [](const MnistSet&) {
+    return Result<std::vector<int64_t>>(std::vector<int64_t>{-1});
+  });
+  CHECK(bad.status().code() == StatusCode::kOutOfRange);
+}
+
 }  // namespace
 }  // namespace starling::data
