@@ -19,12 +19,13 @@ if ((!skip_tests)); then
   ctest --preset arm64
 fi
 
-# The x86-64 side: the dev build's binary (built here if missing).
-if [[ ! -x build/dev/apps/starling ]]; then
+# The x86-64 side: $STARLING_HOST, else the dev build's binary (brought up to date here).
+host_bin=${STARLING_HOST:-}
+if [[ -z "$host_bin" ]]; then
   cmake --preset dev >/dev/null
   cmake --build build/dev --target starling
+  host_bin=$PWD/build/dev/apps/starling
 fi
-host_bin=$PWD/build/dev/apps/starling
 arm_bin=$PWD/build/arm64/apps/starling
 file "$arm_bin" | grep -q "ARM aarch64" || { echo "arm64_check: $arm_bin is not an aarch64 binary" >&2; exit 1; }
 
