@@ -30,59 +30,6 @@ bool segment_is_bf16(const compress::Segment& s) {
   return false;
 }
 
-// Little-endian bytes of a wire array into `out`, reusing its capacity (same checks as
-// compress::parse_update).
-template <typename T>
-Status assign_array(const std::string& b, std::vector<T>& out, const char* field, int seg) {
-  if (b.size() % sizeof(T) != 0) {
-    return data_loss("segment " + std::to_string(seg) + ": field '" + field + "' has " +
-                     std::to_string(b.size()) + " bytes, not a whole number of elements");
-  }
-  out.resize(b.size() / sizeof(T));
-  if (!b.empty()) std::memcpy(out.data(), b.data(), b.size());
-  return ok_status();
-}
-
-// The wire message into `out` as compress::parse_update builds it, reusing out's arrays.
-Status convert_update(const v1::EncodedUpdate& msg, compress::EncodedUpdate& out) {
-  using compress::CodecKind;
-  using compress::ValueCoding;
-  out.numel = msg.numel();
-  out.segments.resize(static_cast<size_t>(msg.segments_size()));
-  for (int i = 0; i < msg.segments_size(); ++i) {
-    const v1::CodecSegment& p = msg.segments(i);
-    compress::Segment& s = out.segments[static_cast<size_t>(i)];
-    const int codec = static_cast<int>(p.codec());
-    if (codec < static_cast<int>(CodecKind::kIdentity) ||
-        codec > static_cast<int>(CodecKind::kSign)) {
-      return data_loss("segment " + std::to_string(i) + ": unknown codec id " +
-                       std::to_string(codec));
-    }
-    const int values = static_cast<int>(p.values());
-    if (values < 0 || values > static_cast<int>(ValueCoding::kInt8)) {
-      return data_loss("segment " + std::to_string(i) + ": unknown value coding " +
-                       std::to_string(values));
-    }
-    s.codec = static_cast<CodecKind>(codec);
-    s.values = static_cast<ValueCoding>(values);
-    s.offset = p.offset();
-    s.numel = p.numel();
-    s.shape.assign(p.shape().begin(), p.shape().end());
-    s.block = p.block();
-    s.levels = p.levels();
-    s.k = p.k();
-    s.rank = p.rank();
-    s.seed = p.seed();
-    RETURN_IF_ERROR(assign_array(p.f32(), s.f32, "f32", i));
-    RETURN_IF_ERROR(assign_array(p.u16(), s.u16, "u16", i));
-    RETURN_IF_ERROR(assign_array(p.i8(), s.i8, "i8", i));
-    RETURN_IF_ERROR(assign_array(p.scales(), s.scales, "scales", i));
-    RETURN_IF_ERROR(assign_array(p.indices(), s.indices, "indices", i));
-    RETURN_IF_ERROR(assign_array(p.bits(), s.bits, "bits", i));
-  }
-  return ok_status();
-}
-
 }  // namespace
 
 UpdateAccumulator::UpdateAccumulator(int64_t numel, AggregationRule rule)
@@ -144,7 +91,7 @@ Status UpdateAccumulator::fold_bytes(std::string_view bytes, float weight) {
       !wire_->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     return data_loss("malformed update: not a valid starling.v1.EncodedUpdate message");
   }
-  RETURN_IF_ERROR(convert_update(*wire_, parsed_), "malformed update");
+  RETURN_IF_ERROR(compress::update_from_message(*wire_, parsed_), "malformed update");
   return fold(parsed_, weight);
 }
 

@@ -14,6 +14,10 @@
 #include "core/tensor/tensor.h"
 #include "core/util/status.h"
 
+namespace starling::v1 {
+class EncodedUpdate;  // core/wire/codec.proto
+}  // namespace starling::v1
+
 namespace starling::compress {
 
 // One tensor of the flat update: elements [offset, offset + numel(shape)).
@@ -80,6 +84,9 @@ struct EncodedUpdate {
 // semantic checks happen in decode_add.
 std::string serialize_update(const EncodedUpdate& update);
 Result<EncodedUpdate> parse_update(std::string_view bytes);
+// The parsed wire message into `out`, reusing out's arrays (a receiver that keeps one
+// EncodedUpdate allocates nothing once they are large enough). Same errors as parse_update.
+Status update_from_message(const v1::EncodedUpdate& msg, EncodedUpdate& out);
 
 // dst[i] = dst[i] + weight * y[i] for the decoded values y, each rounded once as written, so
 // decode_add(u, d, w) is bit-identical to d[i] + w * decoded[i]. Sparse codecs touch only the

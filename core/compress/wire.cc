@@ -53,13 +53,7 @@ std::string serialize_update(const EncodedUpdate& update) {
   return msg.SerializeAsString();
 }
 
-Result<EncodedUpdate> parse_update(std::string_view bytes) {
-  v1::EncodedUpdate msg;
-  if (bytes.size() > static_cast<size_t>(INT32_MAX) ||
-      !msg.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    return data_loss("encoded update: not a valid starling.v1.EncodedUpdate message");
-  }
-  EncodedUpdate out;
+Status update_from_message(const v1::EncodedUpdate& msg, EncodedUpdate& out) {
   out.numel = msg.numel();
   out.segments.resize(static_cast<size_t>(msg.segments_size()));
   for (int i = 0; i < msg.segments_size(); ++i) {
@@ -93,6 +87,17 @@ Result<EncodedUpdate> parse_update(std::string_view bytes) {
     RETURN_IF_ERROR(from_bytes(p.indices(), s.indices, "indices", i));
     RETURN_IF_ERROR(from_bytes(p.bits(), s.bits, "bits", i));
   }
+  return ok_status();
+}
+
+Result<EncodedUpdate> parse_update(std::string_view bytes) {
+  v1::EncodedUpdate msg;
+  if (bytes.size() > static_cast<size_t>(INT32_MAX) ||
+      !msg.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return data_loss("encoded update: not a valid starling.v1.EncodedUpdate message");
+  }
+  EncodedUpdate out;
+  RETURN_IF_ERROR(update_from_message(msg, out));
   return out;
 }
 
