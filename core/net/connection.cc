@@ -23,7 +23,8 @@ Connection::Connection(std::unique_ptr<SslStream> stream, PeerIdentity peer,
       options_(options),
       decoder_(options.max_frame_bytes),
       read_timer_(stream_->get_executor()),
-      write_timer_(stream_->get_executor()) {}
+      write_timer_(stream_->get_executor()),
+      trim_timer_(stream_->get_executor()) {}
 
 Connection::~Connection() {
   asio::error_code ignored;
@@ -46,11 +47,25 @@ namespace {
 constexpr size_t kReadBytes = 16 * 1024;
 // Written frames kept per connection for reuse (none larger than the frame limit).
 constexpr size_t kMaxSpareFrames = 4;
+// A connection with nothing in flight for this long frees its frame buffers.
+constexpr auto kTrimAfter = std::chrono::milliseconds(500);
 
 }  // namespace
 
 void Connection::do_read() {
-  // Straight into the frame decoder's buffer: no copy between TLS and framing.
+  if (!decoder_.mid_frame()) {
+    // Between frames: into the small fixed buffer, leaving the decoder's free to be released
+    // if the connection stays quiet. Its bytes are then fed to the decoder (at most 4 KiB).
+    reading_idle_ = true;
+    arm_trim();
+    stream_->async_read_some(asio::buffer(idle_read_),
+                             [self = shared_from_this()](const asio::error_code& ec, size_t n) {
+                               self->on_read(ec, n);
+                             });
+    return;
+  }
+  // Within a frame: straight into the frame decoder's buffer, no copy between TLS and framing.
+  reading_idle_ = false;
   const std::span<char> room = decoder_.prepare(kReadBytes);
   stream_->async_read_some(
       asio::buffer(room.data(), room.size()),
@@ -92,7 +107,10 @@ void Connection::on_read(const asio::error_code& ec, size_t n) {
 }
 
 Status Connection::consume(size_t n) {
-  RETURN_IF_ERROR(decoder_.commit(n), "frame from " + peer_.describe());
+  last_io_ = Clock::now();
+  RETURN_IF_ERROR(
+      reading_idle_ ? decoder_.feed(std::string_view(idle_read_.data(), n)) : decoder_.commit(n),
+      "frame from " + peer_.describe());
   for (;;) {
     auto frame = decoder_.next();
     RETURN_IF_ERROR(frame, "frame from " + peer_.describe());
@@ -143,6 +161,33 @@ void Connection::arm_read_deadline() {
   read_timer_armed_ = true;
   read_timer_.expires_at(read_deadline_);
   wait_read_deadline();
+}
+
+void Connection::arm_trim() {
+  if (trim_armed_ || closed_ || (decoder_.capacity() == 0 && spare_.empty())) return;
+  trim_armed_ = true;
+  trim_timer_.expires_at(std::max(last_io_, Clock::now() - kTrimAfter / 2) + kTrimAfter);
+  trim_timer_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
+    self->trim_armed_ = false;
+    if (!ec) self->on_trim();
+  });
+}
+
+size_t Connection::buffer_bytes() const {
+  size_t n = decoder_.capacity();
+  for (const auto& f : spare_) n += f.capacity();
+  for (const auto& f : queue_) n += f.capacity();
+  return n;
+}
+
+void Connection::on_trim() {
+  if (closed_) return;
+  const bool quiet = reading_idle_ && !decoder_.mid_frame() && writing_count_ == 0 &&
+                     queue_.empty() && Clock::now() - last_io_ >= kTrimAfter;
+  if (!quiet) return arm_trim();  // busy: look again later
+  decoder_.release();
+  spare_.clear();
+  spare_.shrink_to_fit();
 }
 
 void Connection::wait_read_deadline() {
@@ -224,6 +269,7 @@ void Connection::do_write() {
       *stream_, buffers, [self = shared_from_this()](const asio::error_code& ec, size_t) {
         if (self->closed_) return;
         self->write_timer_.cancel();
+        self->last_io_ = Clock::now();
         if (ec) {
           self->fail(
               net_error("write to", self->peer_.describe(), ec, self->stream_->native_handle()));
@@ -243,8 +289,9 @@ void Connection::do_write() {
           self->do_write();
         } else if (self->closing_) {
           self->begin_shutdown();
-        } else if (self->on_drain_) {
-          self->on_drain_();
+        } else {
+          if (self->on_drain_) self->on_drain_();
+          if (self->queue_.empty()) self->arm_trim();
         }
       });
 }
@@ -290,6 +337,7 @@ void Connection::teardown(const Status& reason) {
   asio::error_code ignored;
   read_timer_.cancel();
   write_timer_.cancel();
+  trim_timer_.cancel();
   stream_->lowest_layer().close(ignored);
   queue_.clear();
   spare_.clear();

@@ -2,6 +2,7 @@
 // read and write, a bounded send queue, and exactly one close notification.
 #pragma once
 
+#include <array>
 #include <asio/ip/tcp.hpp>
 #include <asio/ssl/stream.hpp>
 #include <asio/steady_timer.hpp>
@@ -82,6 +83,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   const PeerIdentity& peer() const { return peer_; }
   size_t queued_bytes() const { return queued_bytes_; }
+  // Bytes allocated for frames (the receive buffer and written frames kept for reuse); a
+  // connection quiet for half a second gives them back, so this drops to 0.
+  size_t buffer_bytes() const;
   bool is_open() const { return !closing_ && !closed_; }
 
   // Called after the socket is closed, before the close handler; used by Server to count.
@@ -96,6 +100,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string take_spare();
   void arm_read_deadline();
   void wait_read_deadline();
+  void arm_trim();
+  void on_trim();
   void do_write();
   void begin_shutdown();
   void fail(const Status& reason);
@@ -105,8 +111,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   PeerIdentity peer_;
   ConnectionOptions options_;
   wire::FrameDecoder decoder_;
+  // Between frames reads land here, not in the decoder, so an idle connection can give back
+  // its frame-sized buffers (see arm_trim): a server with many quiet clients stays small.
+  std::array<char, 4096> idle_read_;
+  bool reading_idle_ = false;  // the pending read is into idle_read_
   asio::steady_timer read_timer_;
   asio::steady_timer write_timer_;
+  asio::steady_timer trim_timer_;
+  bool trim_armed_ = false;
+  std::chrono::steady_clock::time_point last_io_{};
   bool frame_in_progress_ = false;
   std::chrono::steady_clock::time_point frame_deadline_{};
   std::chrono::steady_clock::time_point read_deadline_{};

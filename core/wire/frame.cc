@@ -49,11 +49,27 @@ void FrameDecoder::reserve_tail(size_t n) {
     consumed_ = 0;
   }
   if (size_ + n <= capacity_) return;
-  const size_t capacity = std::max(size_ + n, capacity_ * 2);
+  size_t capacity = std::max(size_ + n, capacity_ * 2);
+  if (size_ - consumed_ >= kFrameHeaderBytes) {
+    // The frame's length is known: room for all of it and one more read of this size at once,
+    // rather than doubling step by step (and ending at twice the frame).
+    const uint32_t frame = read_be32(buffer_.get() + consumed_);
+    if (frame <= max_bytes_) {
+      capacity = std::max(size_ + n, consumed_ + kFrameHeaderBytes + size_t{frame} + n);
+    }
+  }
   auto bigger = std::make_unique_for_overwrite<char[]>(capacity);
   if (size_ > 0) std::memcpy(bigger.get(), buffer_.get(), size_);
   buffer_ = std::move(bigger);
   capacity_ = capacity;
+}
+
+void FrameDecoder::release() {
+  if (size_ != consumed_) return;
+  buffer_.reset();
+  size_ = 0;
+  consumed_ = 0;
+  capacity_ = 0;
 }
 
 Status FrameDecoder::feed(std::string_view data) {

@@ -43,6 +43,11 @@ class FrameDecoder {
   bool mid_frame() const { return size_ > consumed_; }
   size_t buffered_bytes() const { return size_ - consumed_; }
   uint32_t max_bytes() const { return max_bytes_; }
+  // Bytes allocated for the buffer (it grows to hold the largest frame plus one read).
+  size_t capacity() const { return capacity_; }
+  // Frees the buffer when it holds nothing (an idle stream keeps no frame-sized allocation);
+  // the next prepare() or feed() allocates again. REQUIRES: no region from prepare() in use.
+  void release();
 
  private:
   Status check_header();

@@ -250,5 +250,56 @@ TEST_CASE("untrusted transfer headers are validated", "[net]") {
   CHECK(er->finish().ok());
 }
 
+TEST_CASE("a quiet connection gives back its frame buffers and still works", "[net]") {
+  testing::TestPki pki;
+  const auto server_node = pki.issue("aggregator", CertRole::kServer);
+  const auto client_node = pki.issue("client-1", CertRole::kClient);
+  asio::io_context io;
+  testing::LoopbackServer server(
+      io, {pki.ca_pem(), server_node.cert_pem, server_node.key_pem, "", true});
+  server.echo = false;
+  auto ctx = make_tls_context({pki.ca_pem(), client_node.cert_pem, client_node.key_pem, "", true},
+                              TlsSide::kClient);
+  REQUIRE(ctx.ok());
+  ClientOptions co;
+  co.host = "127.0.0.1";
+  co.port = server.port();
+  std::optional<Result<std::shared_ptr<Connection>>> conn;
+  connect(io, *ctx, co, [&](Result<std::shared_ptr<Connection>> r) { conn.emplace(std::move(r)); });
+  REQUIRE(testing::run_until(io, std::chrono::seconds(5), [&] { return conn.has_value(); }));
+  REQUIRE(conn->ok());
+  auto c = **conn;
+  c->start([](v1::Envelope) {}, [](const Status&) {});
+
+  const std::string payload = random_payload(3 * 300'000, 5);
+  auto send_all = [&](size_t first_seq) {
+    for (size_t i = 0; i < 3; ++i) {
+      v1::Envelope e;
+      e.set_seq(first_seq + i);
+      e.mutable_chunk()->set_data(payload.substr(i * 300'000, 300'000));
+      REQUIRE(c->send(e).ok());
+    }
+  };
+  send_all(1);
+  REQUIRE(testing::run_until(io, std::chrono::seconds(10), [&] {
+    return server.received.size() == 3 && c->queued_bytes() == 0;
+  }));
+  REQUIRE(server.accepted.size() == 1);
+  auto& peer = *server.accepted[0];
+  // Right after the transfer both ends still hold frame-sized buffers for the next one...
+  CHECK(peer.buffer_bytes() >= 300'000);
+  CHECK(c->buffer_bytes() >= 300'000);
+  // ...and give them back once the connection has been quiet for a while.
+  CHECK(testing::run_until(io, std::chrono::seconds(5),
+                           [&] { return peer.buffer_bytes() == 0 && c->buffer_bytes() == 0; }));
+  send_all(4);
+  REQUIRE(testing::run_until(io, std::chrono::seconds(10),
+                             [&] { return server.received.size() == 6; }));
+  for (size_t i = 0; i < 6; ++i) {
+    CHECK(server.received[i].seq() == i + 1);
+    CHECK(server.received[i].chunk().data() == payload.substr((i % 3) * 300'000, 300'000));
+  }
+}
+
 }  // namespace
 }  // namespace starling::net

@@ -1,6 +1,7 @@
 // Wire format: every message round-trips, unknown fields are ignored, framing rejects bad input.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -419,6 +420,47 @@ TEST_CASE("frame decoder receives in place through prepare and commit", "[wire]"
     (void)d.prepare(8);
     CHECK_FALSE(d.commit(1 << 20).ok());
   }
+}
+
+TEST_CASE("frame decoder sizes its buffer by the announced frame and releases it when empty",
+          "[wire]") {
+  std::string stream;
+  const std::string big(100000, 'x');
+  REQUIRE(append_frame(stream, big).ok());
+  FrameDecoder decoder;
+  constexpr size_t kRead = 16384;
+  size_t at = 0;
+  size_t most = 0;
+  std::optional<std::string> got;
+  while (at < stream.size()) {
+    const std::span<char> room = decoder.prepare(kRead);
+    const size_t n = std::min(kRead, stream.size() - at);
+    std::copy_n(stream.data() + at, n, room.data());
+    at += n;
+    REQUIRE(decoder.commit(n).ok());
+    most = std::max(most, decoder.capacity());
+    auto f = decoder.next();
+    REQUIRE(f.ok());
+    if (f->has_value()) got = std::string(**f);
+    if (decoder.mid_frame()) {
+      // Mid-frame nothing may be released: the bytes so far would be lost.
+      decoder.release();
+      CHECK(decoder.capacity() > 0);
+    }
+  }
+  REQUIRE(got == big);
+  // One frame plus one read, not the doubling that would end at 2x (or more).
+  CHECK(most <= kFrameHeaderBytes + big.size() + 2 * kRead);
+  CHECK(most >= kFrameHeaderBytes + big.size());
+  decoder.release();
+  CHECK(decoder.capacity() == 0);
+  // And it works again afterwards.
+  REQUIRE(decoder.feed(stream.substr(0, 10)).ok());
+  REQUIRE(decoder.feed(stream.substr(10)).ok());
+  auto f = decoder.next();
+  REQUIRE(f.ok());
+  REQUIRE(f->has_value());
+  CHECK(**f == big);
 }
 
 }  // namespace
