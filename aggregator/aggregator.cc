@@ -93,6 +93,9 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   asio::steady_timer deadline_timer;
 
   uint64_t upload_memory_used = 0;  // declared before sessions: their reservations point here
+  // Turns for model downloads; declared before sessions, whose pumps give slots back.
+  std::shared_ptr<edge_client::PumpSlots> download_slots = std::make_shared<edge_client::PumpSlots>(
+      static_cast<size_t>(options.download_memory_bytes / options.download_window_bytes));
   std::map<uint64_t, Session> sessions;
   uint64_t next_session = 1;
   uint64_t round = 0;  // completed
@@ -297,6 +300,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     d->set_model_version(version);
     *d->mutable_transfer() = s.pump->header();
     send(s, dl);
+    s.pump->set_slots(download_slots);
     s.pump->start();
   }
 

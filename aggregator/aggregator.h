@@ -70,6 +70,10 @@ struct AggregatorOptions {
   std::string spill_dir;
   // Model download bytes queued per connection at most (beyond the chunk being written).
   size_t download_window_bytes = 8u << 20;
+  // Model downloads in progress at once: download_memory_bytes / download_window_bytes (at
+  // least one); the other selected clients wait their turn, so fanning the model out to
+  // thousands of clients holds a bounded amount of queued frames.
+  uint64_t download_memory_bytes = 64ull << 20;
 };
 
 // What happened in one completed round.

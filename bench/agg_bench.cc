@@ -237,7 +237,8 @@ struct RssOptions {
   int64_t params = 262'144;  // 1 MiB float32 model
   uint32_t rounds = 2;
   uint32_t chunk_bytes = 16u << 10;
-  size_t download_window_bytes = 32u << 10;
+  size_t download_window_bytes = 8u << 20;  // the product's defaults
+  uint64_t download_memory_mb = 64;
   uint64_t upload_memory_mb = 16;
   std::string spill_dir = "build/agg_bench_spill";
 };
@@ -292,6 +293,7 @@ RssResult bench_rss(int clients, const RssOptions& ro) {
     o.codec = "identity";
     o.chunk_bytes = ro.chunk_bytes;
     o.download_window_bytes = ro.download_window_bytes;
+    o.download_memory_bytes = ro.download_memory_mb << 20;
     o.upload_memory_bytes = ro.upload_memory_mb << 20;
     o.spill_dir = ro.spill_dir;
     o.server.max_connections = static_cast<size_t>(clients) + 64;
@@ -389,6 +391,8 @@ int main(int argc, char** argv) {
   app.add_option("--chunk-bytes", ro.chunk_bytes, "Transfer chunk size of the RSS runs");
   app.add_option("--download-window-bytes", ro.download_window_bytes,
                  "Aggregator download window per connection in the RSS runs");
+  app.add_option("--download-memory-mb", ro.download_memory_mb,
+                 "Aggregator budget for queued model downloads (downloads at once: this / window)");
   app.add_option("--upload-memory-mb", ro.upload_memory_mb,
                  "Aggregator budget for uploads in flight held in memory (the rest spills)");
   app.add_option("--spill-dir", ro.spill_dir, "Where uploads beyond the budget wait");
@@ -461,10 +465,10 @@ int main(int argc, char** argv) {
     std::printf(
         "\nAggregator peak RSS, %lld-parameter model (%.1f MiB), %u rounds, upload "
         "memory budget %llu MiB, chunks of %u KiB, download window %zu KiB per "
-        "connection, loopback mutual TLS\n",
+        "connection and %llu MiB in all, loopback mutual TLS\n",
         static_cast<long long>(ro.params), static_cast<double>(ro.params) * 4 / 1048576, ro.rounds,
         static_cast<unsigned long long>(ro.upload_memory_mb), ro.chunk_bytes >> 10,
-        ro.download_window_bytes >> 10);
+        ro.download_window_bytes >> 10, static_cast<unsigned long long>(ro.download_memory_mb));
     std::printf("%-14s %13s %13s %20s %9s %9s %5s\n", "clients/round", "RSS idle MiB",
                 "peak RSS MiB", "one round's updates", "uploads", "seconds", "ok");
     for (const auto& r : rss) {

@@ -37,9 +37,45 @@ void ChunkPump::set_rate_limit(asio::any_io_executor executor, uint64_t bytes_pe
   if (rate_ > 0) timer_ = std::make_unique<asio::steady_timer>(executor);
 }
 
+void PumpSlots::enqueue(const std::shared_ptr<ChunkPump>& pump) {
+  waiting_.push_back(pump);
+  start_waiting();
+}
+
+void PumpSlots::release() {
+  ++free_;
+  start_waiting();
+}
+
+void PumpSlots::start_waiting() {
+  while (free_ > 0 && !waiting_.empty()) {
+    auto pump = waiting_.front().lock();
+    waiting_.pop_front();
+    if (!pump || pump->cancelled_) continue;
+    --free_;
+    pump->holds_slot_ = true;
+    pump->begin();
+  }
+}
+
+ChunkPump::~ChunkPump() {
+  if (holds_slot_) slots_->release();
+}
+
+void ChunkPump::release_slot() {
+  if (!holds_slot_) return;
+  holds_slot_ = false;
+  slots_->release();
+}
+
 void ChunkPump::start() {
+  if (slots_) return slots_->enqueue(shared_from_this());
+  begin();
+}
+
+void ChunkPump::begin() {
   auto conn = conn_.lock();
-  if (!conn) return;
+  if (!conn) return release_slot();
   started_ = std::chrono::steady_clock::now();
   conn->set_drain_handler([weak = weak_from_this()] {
     if (auto self = weak.lock()) self->pump();
@@ -54,13 +90,17 @@ void ChunkPump::resume_from(uint64_t index) {
 
 void ChunkPump::cancel() {
   cancelled_ = true;
+  release_slot();
   if (timer_) timer_->cancel();
   if (auto conn = conn_.lock()) conn->set_drain_handler(nullptr);
 }
 
 void ChunkPump::pump() {
   auto conn = conn_.lock();
-  if (!conn || cancelled_) return;
+  if (!conn || !conn->is_open()) return release_slot();
+  if (cancelled_) return;
+  // Every chunk written (the drain handler runs when the queue empties): the slot is free.
+  if (done() && conn->queued_bytes() == 0) return release_slot();
   while (next_ < sender_.num_chunks() && conn->is_open() && conn->queued_bytes() < high_water_) {
     if (rate_ > 0) {
       if (timer_armed_) return;  // the timer resumes

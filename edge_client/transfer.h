@@ -6,6 +6,7 @@
 #include <asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -35,11 +36,38 @@ Status from_f32_bytes(std::string_view bytes, std::span<float> out);
 // queue holds more than `high_water` bytes it waits for the connection's drain handler.
 // The pump owns the payload. Not thread-safe (io_context thread only). At most one pump per
 // connection, since it takes over the drain handler; cancel() an old one before starting another.
+class ChunkPump;
+
+// Shares a number of concurrent transfers among pumps: a server sending the model to a
+// thousand clients fills at most `slots` send queues at a time (memory: slots x high water),
+// and the other pumps wait their turn in arrival order. Same thread rules as ChunkPump.
+class PumpSlots {
+ public:
+  explicit PumpSlots(size_t slots) : free_(slots > 0 ? slots : 1) {}
+  size_t free_slots() const { return free_; }
+  size_t waiting() const { return waiting_.size(); }
+
+ private:
+  friend class ChunkPump;
+  void enqueue(const std::shared_ptr<ChunkPump>& pump);
+  void release();
+  void start_waiting();
+
+  size_t free_;
+  std::deque<std::weak_ptr<ChunkPump>> waiting_;
+};
+
 class ChunkPump : public std::enable_shared_from_this<ChunkPump> {
  public:
   ChunkPump(std::shared_ptr<net::Connection> conn, std::shared_ptr<const std::string> payload,
             uint64_t transfer_id, uint32_t chunk_bytes, std::string content_type,
             size_t high_water = 8u << 20);
+  ~ChunkPump();
+  ChunkPump(const ChunkPump&) = delete;
+  ChunkPump& operator=(const ChunkPump&) = delete;
+  // Takes turns with the other pumps of `slots`: start() then waits for a free slot, and the
+  // slot is given back once every chunk is written (or on cancel). Call before start().
+  void set_slots(std::shared_ptr<PumpSlots> slots) { slots_ = std::move(slots); }
   const v1::TransferHeader& header() const { return sender_.header(); }
   // Starts sending chunk 0 onward (call after the message carrying header() was sent).
   void start();
@@ -52,8 +80,13 @@ class ChunkPump : public std::enable_shared_from_this<ChunkPump> {
   void set_rate_limit(asio::any_io_executor executor, uint64_t bytes_per_second);
 
  private:
+  friend class PumpSlots;
+  void begin();  // start() once a slot is held (or without slots)
+  void release_slot();
   void pump();
 
+  std::shared_ptr<PumpSlots> slots_;
+  bool holds_slot_ = false;
   std::weak_ptr<net::Connection> conn_;
   std::shared_ptr<const std::string> payload_;
   net::ChunkSender sender_;

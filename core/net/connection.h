@@ -4,7 +4,6 @@
 
 #include <array>
 #include <asio/ip/tcp.hpp>
-#include <asio/ssl/stream.hpp>
 #include <asio/steady_timer.hpp>
 #include <chrono>
 #include <cstddef>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "core/net/tls.h"
+#include "core/net/tls_stream.h"
 #include "core/util/status.h"
 #include "core/wire/chunk_frame.h"
 #include "core/wire/frame.h"
@@ -22,7 +22,7 @@
 
 namespace starling::net {
 
-using SslStream = asio::ssl::stream<asio::ip::tcp::socket>;
+using SslStream = TlsStream;
 using Millis = std::chrono::milliseconds;
 
 struct Deadlines {
