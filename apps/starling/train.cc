@@ -1,17 +1,31 @@
 // `starling train` and `starling sample`: the local GPT trainer and text generation.
+#include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 
 #include "apps/starling/commands.h"
+#include "core/autograd/autograd.h"
+#include "core/comm/data_parallel.h"
+#include "core/comm/run_ranks.h"
 #include "core/config/toml_config.h"
+#include "core/cuda/device.h"
+#include "core/data/data_dir.h"
+#include "core/data/text_dataset.h"
+#include "core/data/text_file.h"
 #include "core/io/safetensors.h"
+#include "core/optim/optimizer.h"
 #include "models/ddpm/checkpoint.h"
 #include "models/ddpm/trainer.h"
 #include "models/gpt/checkpoint.h"
+#include "models/gpt/gpt.h"
 #include "models/gpt/trainer.h"
 #include "models/mdlm/trainer.h"
 
@@ -42,6 +56,207 @@ Status apply_overrides(const std::vector<std::string>& sets, v1::RunConfig* cfg)
   return ok_status();
 }
 
+// `starling train --ranks N`: the GPT loop of models::train_gpt (same data, schedule, clipping,
+// evaluation, outputs), run by N ranks on N threads with comm::DataParallel. Each rank holds a
+// replica, draws batch_size / N rows per step from its own sampler stream and averages
+// gradients with the others in buckets during backward; rank 0 evaluates, logs and checkpoints.
+struct RanksOptions {
+  int ranks = 1;
+  double bucket_mb = 25.0;
+  bool overlap = true;
+};
+
+Result<models::TrainSummary> train_gpt_ranks(const v1::RunConfig& cfg, const std::string& source,
+                                             const RanksOptions& ro) {
+  using Clock = std::chrono::steady_clock;
+  const auto& tc = cfg.train();
+  const int n = ro.ranks;
+  if (cfg.model().arch() != v1::ModelConfig::GPT) {
+    return invalid_argument(source + ": --ranks " + std::to_string(n) +
+                            " supports model.arch = gpt only");
+  }
+  if (tc.batch_size() % n != 0) {
+    return invalid_argument(source + ": train.batch_size " + std::to_string(tc.batch_size()) +
+                            " is not a multiple of --ranks " + std::to_string(n) +
+                            " (each rank takes batch_size / ranks rows)");
+  }
+  if (!(ro.bucket_mb > 0)) return invalid_argument("--bucket-mb must be positive");
+
+  ASSIGN_OR_RETURN(auto data_dir, data::resolve_data_dir(cfg.data().data_dir()),
+                   source + ": data.data_dir");
+  std::filesystem::path text_path;
+  if (!cfg.data().path().empty()) {
+    text_path = cfg.data().path();
+  } else {
+    ASSIGN_OR_RETURN(text_path, data::resolve_dataset_file(data_dir, cfg.data().dataset()),
+                     source + ": data.dataset");
+  }
+  ASSIGN_OR_RETURN(std::string text, data::read_text_file(text_path), source + ": data");
+  ASSIGN_OR_RETURN(auto tokenizer, models::make_tokenizer(cfg.data(), text, data_dir));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->encode(text), text_path.string());
+  ASSIGN_OR_RETURN(data::TextDataset ds,
+                   data::TextDataset::from_tokens(std::move(ids), cfg.data().val_fraction()));
+  models::GptConfig gc = models::GptConfig::from_proto(cfg.model(), tokenizer->vocab_size());
+  RETURN_IF_ERROR(gc.validate(), source);
+  if (gc.vocab_size < tokenizer->vocab_size()) {
+    return invalid_argument(source + ": model.vocab_size " + std::to_string(gc.vocab_size) +
+                            " is smaller than the tokenizer's " +
+                            std::to_string(tokenizer->vocab_size()));
+  }
+
+  const std::filesystem::path out_dir = tc.out_dir();
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) {
+    return invalid_argument(source + ": train.out_dir '" + out_dir.string() + "': " + ec.message());
+  }
+  {
+    std::ofstream f(out_dir / "config.toml");
+    f << config::to_toml(cfg);
+  }
+  std::ofstream metrics(out_dir / "metrics.jsonl", std::ios::trunc);
+  if (!metrics) return invalid_argument("cannot write " + (out_dir / "metrics.jsonl").string());
+
+  const int total_threads = tc.threads() > 0 ? tc.threads() : omp_get_max_threads();
+  const int rank_threads = std::max(1, total_threads / n);
+  const int64_t b = tc.batch_size() / n, t = gc.block_size;
+  const int64_t max_iters = tc.max_iters();
+  const optim::CosineSchedule sched{tc.learning_rate(), tc.min_lr(), tc.warmup_iters(),
+                                    tc.lr_decay_iters()};
+  comm::DataParallelOptions dpo;
+  dpo.bucket_bytes = static_cast<size_t>(ro.bucket_mb * 1024 * 1024);
+  dpo.overlap = ro.overlap;
+  spdlog::info("data: {} ({} tokens), tokenizer {} (V={})", text_path.string(),
+               ds.train_size() + ds.val_size(), tokenizer->name(), tokenizer->vocab_size());
+
+  models::TrainSummary sum;
+  sum.best_val_loss = 1e30;
+  sum.checkpoint = out_dir / "ckpt.safetensors";
+  const auto t0 = Clock::now();
+  double train_seconds = 0.0;
+
+  // A generous collective timeout: rank 0 evaluates and checkpoints while the others wait.
+  const auto statuses = comm::run_ranks(n, std::chrono::minutes(10), [&](comm::Communicator& c) {
+    const int r = c.rank();
+    omp_set_num_threads(rank_threads);
+    // Own seed per rank for dropout; rank 0's weights are broadcast to every rank.
+    models::Gpt model(gc, tc.seed() + static_cast<uint64_t>(r));
+    ASSIGN_OR_RETURN(auto dp, comm::DataParallel::make(model.named_parameters(), c, dpo));
+    if (r == 0) {
+      spdlog::info(
+          "model: GPT L={} H={} C={} T={} V={}, {:.2f}M parameters, seed {}; data parallel: {} "
+          "ranks x {} rows, {} buckets (cap {} MB), overlap {}, {} threads per rank",
+          gc.n_layer, gc.n_head, gc.n_embd, gc.block_size, gc.vocab_size,
+          static_cast<double>(model.num_parameters()) / 1e6, tc.seed(), n, b,
+          dp->bucket_params().size(), ro.bucket_mb, ro.overlap ? "on" : "off", rank_threads);
+    }
+    std::unique_ptr<optim::Optimizer> opt;
+    auto groups = optim::decay_matrices_only(model.parameters());
+    if (tc.optimizer() == v1::TrainConfig::SGD) {
+      opt = std::make_unique<optim::Sgd>(
+          groups, optim::SgdOptions{tc.momentum(), tc.weight_decay(), false});
+    } else {
+      opt = std::make_unique<optim::AdamW>(
+          groups, optim::AdamWOptions{tc.beta1(), tc.beta2(), 1e-8, tc.weight_decay()});
+    }
+    Rng batch_rng = Rng(tc.seed() + 1).fork(static_cast<uint64_t>(r));
+    Rng eval_rng(tc.seed() + 2);
+    int64_t window_tokens = 0;
+    double window_seconds = 0.0;
+    for (int64_t it = 0; it <= max_iters; ++it) {
+      const double lr = tc.decay_lr() ? sched.at(it) : tc.learning_rate();
+      const bool eval_now =
+          (tc.eval_interval() > 0 && it % tc.eval_interval() == 0) || it == max_iters;
+      if (r == 0 && eval_now) {
+        autograd::NoGradGuard ng;
+        model.train(false);
+        double losses[2] = {0, 0};
+        const int ne = std::max(1, tc.eval_iters());
+        for (int s = 0; s < 2; ++s) {
+          for (int i = 0; i < ne; ++i) {
+            ASSIGN_OR_RETURN(data::Batch eb,
+                             ds.get_batch(s == 0 ? data::Split::kTrain : data::Split::kVal,
+                                          tc.batch_size(), t, eval_rng));
+            losses[s] += model.loss(eb.x, eb.y).item();
+          }
+          losses[s] /= ne;
+        }
+        model.train(true);
+        sum.train_loss = losses[0];
+        sum.val_loss = losses[1];
+        spdlog::info("step {}: train loss {:.4f}, val loss {:.4f}", it, losses[0], losses[1]);
+        metrics << "{\"event\":\"eval\",\"iter\":" << it << ",\"train_loss\":" << losses[0]
+                << ",\"val_loss\":" << losses[1] << "}\n";
+        metrics.flush();
+        const models::GptCheckpointInfo info{it, losses[0], losses[1]};
+        if (it > 0 && losses[1] < sum.best_val_loss) {
+          sum.best_val_loss = losses[1];
+          RETURN_IF_ERROR(models::save_gpt_checkpoint(out_dir / "best.safetensors", model, cfg,
+                                                      *tokenizer, info));
+        }
+        RETURN_IF_ERROR(models::save_gpt_checkpoint(sum.checkpoint, model, cfg, *tokenizer, info));
+      }
+      if (it == max_iters) break;
+
+      const auto s0 = Clock::now();
+      ASSIGN_OR_RETURN(data::Batch batch, ds.get_batch(data::Split::kTrain, b, t, batch_rng),
+                       "rank " + std::to_string(r));
+      Tensor loss = model.loss(batch.x, batch.y);
+      std::vector<float> loss_v{static_cast<float>(loss.item())};
+      if (!std::isfinite(loss_v[0])) {
+        return internal_error("rank " + std::to_string(r) + ": training diverged at step " +
+                              std::to_string(it) + ": loss is " + std::to_string(loss_v[0]) +
+                              " (lower train.learning_rate?)");
+      }
+      RETURN_IF_ERROR(dp->backward(loss), "step " + std::to_string(it));
+      RETURN_IF_ERROR(c.all_reduce(loss_v, comm::ReduceOp::kAvg), "step " + std::to_string(it));
+      const double gnorm = optim::clip_grad_norm(model.parameters(), tc.grad_clip());
+      opt->step(lr);
+      opt->zero_grad();
+      if (r != 0) continue;
+      const double step_seconds = std::chrono::duration<double>(Clock::now() - s0).count();
+      train_seconds += step_seconds;
+      window_seconds += step_seconds;
+      window_tokens += tc.batch_size() * t;
+      sum.iters = it + 1;
+      if (tc.log_interval() > 0 && (it % tc.log_interval() == 0 || it + 1 == max_iters)) {
+        const double tps =
+            window_seconds > 0 ? static_cast<double>(window_tokens) / window_seconds : 0.0;
+        spdlog::info("step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s", it,
+                     max_iters, loss_v[0], lr, gnorm, tps);
+        metrics << "{\"event\":\"train\",\"iter\":" << it << ",\"loss\":" << loss_v[0]
+                << ",\"lr\":" << lr << ",\"grad_norm\":" << gnorm << ",\"tokens_per_s\":" << tps
+                << ",\"ranks\":" << n << "}\n";
+        window_seconds = 0.0;
+        window_tokens = 0;
+      }
+    }
+    return ok_status();
+  });
+  RETURN_IF_ERROR(comm::first_error(statuses), source + ": --ranks " + std::to_string(n));
+  sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  sum.tokens_per_second = train_seconds > 0
+                              ? static_cast<double>(sum.iters * tc.batch_size() * t) / train_seconds
+                              : 0.0;
+  return sum;
+}
+
+// --device cuda / --gpus: refused with the reason, never silently run on the CPU.
+Status check_gpu_request(const std::string& device, const std::string& gpus) {
+  if (device != "cpu" && device != "cuda") {
+    return invalid_argument("--device '" + device + "': expected cpu or cuda");
+  }
+  if (device == "cpu" && gpus.empty()) return ok_status();
+  const auto devs = cuda::devices();
+  return unimplemented(
+      std::string(gpus.empty() ? "--device cuda" : "--gpus " + gpus) +
+      ": training on GPUs needs device tensors (Tensor storage on CUDA), which core/tensor does "
+      "not have yet, so there is no GPU training path; the CUDA kernels and the NCCL "
+      "communicator exist but are not wired to the trainer (this build: CUDA " +
+      (cuda::built_with_cuda() ? "on" : "off") + ", " + std::to_string(devs.size()) +
+      " visible GPU(s)). Use --ranks N for data-parallel training on CPU threads");
+}
+
 }  // namespace
 
 void register_train(CLI::App& app, CommandContext& ctx) {
@@ -51,12 +266,37 @@ void register_train(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("-c,--config", *config_path, "TOML config (see configs/)")->required();
   cmd->add_option("--set", *sets,
                   "Override a config key, e.g. --set train.max_iters=500 (repeatable)");
-  cmd->callback([&ctx, config_path, sets]() {
+  auto ranks = std::make_shared<RanksOptions>();
+  auto device = std::make_shared<std::string>("cpu");
+  auto gpus = std::make_shared<std::string>();
+  cmd->add_option("--ranks", ranks->ranks,
+                  "Data-parallel ranks on CPU threads (GPT): each takes batch_size / ranks rows, "
+                  "gradients are averaged in buckets during backward; rank 0 logs and checkpoints")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--bucket-mb", ranks->bucket_mb,
+                  "With --ranks: gradient bucket cap in MB (default 25, as PyTorch DDP)");
+  cmd->add_flag("!--no-overlap", ranks->overlap,
+                "With --ranks: all-reduce after backward instead of during it");
+  cmd->add_option("--device", *device, "cpu (default) or cuda");
+  cmd->add_option("--gpus", *gpus, "GPU indices for data-parallel training, e.g. 0,1");
+  cmd->callback([&ctx, config_path, sets, ranks, device, gpus]() {
+    if (Status st = check_gpu_request(*device, *gpus); !st.ok()) return fail(ctx, st.message());
     v1::RunConfig cfg;
     if (Status st = config::load_toml(*config_path, &cfg); !st.ok()) return fail(ctx, st.message());
     if (Status st = apply_overrides(*sets, &cfg); !st.ok()) return fail(ctx, st.message());
     if (Status st = config::validate_run_config(cfg, *config_path); !st.ok()) {
       return fail(ctx, st.message());
+    }
+    if (ranks->ranks > 1) {
+      auto res = train_gpt_ranks(cfg, *config_path, *ranks);
+      if (!res.ok()) return fail(ctx, res.status().message());
+      std::printf(
+          "trained %lld steps on %d ranks in %.1f s: val loss %.4f (best %.4f), %.0f "
+          "tokens/s\n",
+          static_cast<long long>(res->iters), ranks->ranks, res->seconds, res->val_loss,
+          res->best_val_loss, res->tokens_per_second);
+      std::printf("checkpoint: %s\n", res->checkpoint.string().c_str());
+      return;
     }
     if (cfg.model().arch() == v1::ModelConfig::DDPM) {
       auto res = models::train_ddpm(cfg, *config_path);

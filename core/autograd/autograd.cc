@@ -59,7 +59,7 @@ void accumulate_into(Tensor& dst, const Tensor& src) {
   }
 }
 
-void backward(const Tensor& root, const Tensor& grad_output) {
+void backward(const Tensor& root, const Tensor& grad_output, const LeafGradHook& on_leaf_grad) {
   if (!root.requires_grad()) fatal("backward() on a tensor that does not require grad");
   Tensor g0 = grad_output;
   if (!g0.defined()) {
@@ -104,6 +104,8 @@ void backward(const Tensor& root, const Tensor& grad_output) {
         Tensor acc(t->grad);
         accumulate_into(acc, g);
       }
+      // Topological order: every node that feeds this leaf has run, so its gradient is final.
+      if (on_leaf_grad) on_leaf_grad(Tensor(*it));
       continue;
     }
     std::shared_ptr<Node> node = std::move(t->grad_fn);  // releases the graph as we go

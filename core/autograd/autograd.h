@@ -57,10 +57,17 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs);
 // needs_grad(inputs) is true. Returns `out`.
 Tensor record(Tensor out, const char* name, std::vector<Tensor> inputs, BackwardFn fn);
 
+// Called by backward() once per leaf, right after the last contribution of this walk has been
+// added into leaf.grad(): nothing later in the same walk reads or writes that gradient, so the
+// hook may hand it to another thread (data-parallel all-reduce) while the walk continues.
+// Leaves that receive no gradient in the walk are not reported.
+using LeafGradHook = std::function<void(const Tensor& leaf)>;
+
 // Computes d(root)/d(leaf) for every leaf with requires_grad reachable from root and adds it
 // into leaf.grad(). grad_output defaults to ones (root must then hold one element). The graph
-// is released afterwards.
-void backward(const Tensor& root, const Tensor& grad_output = Tensor());
+// is released afterwards. on_leaf_grad, if set, is called as described above.
+void backward(const Tensor& root, const Tensor& grad_output = Tensor(),
+              const LeafGradHook& on_leaf_grad = {});
 
 // dst += src elementwise. REQUIRES: same shape and float dtype; dst contiguous.
 void accumulate_into(Tensor& dst, const Tensor& src);

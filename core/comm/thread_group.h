@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "core/comm/communicator.h"
@@ -30,6 +31,9 @@ class ThreadGroup {
   std::unique_ptr<Communicator> communicator(int rank);
   // Breaks the group: every current and later collective returns Cancelled.
   void abort();
+  // Breaks the group with `why` (e.g. the error that stopped one rank): every current and later
+  // collective returns it, with the collective and rank added as context.
+  void abort(Status why) { abort_with(std::move(why)); }
 
  private:
   friend class ThreadCommunicator;

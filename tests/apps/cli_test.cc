@@ -81,6 +81,37 @@ TEST_CASE("cli: train a tiny GPT on a text file, then sample from it", "[apps]")
   REQUIRE(s2.out == s.out);
 }
 
+TEST_CASE("cli: train --ranks 2 trains data-parallel and checkpoints; bad requests are refused",
+          "[apps]") {
+  const fs::path d = temp_dir("ranks");
+  std::string corpus;
+  for (int i = 0; i < 200; ++i) corpus += "to be or not to be, that is the question.\n";
+  write(d / "corpus.txt", corpus);
+  write(d / "tiny.toml",
+        "[model]\nblock_size = 16\nn_layer = 1\nn_head = 2\nn_embd = 16\n"
+        "[data]\npath = \"" +
+            (d / "corpus.txt").string() +
+            "\"\n"
+            "[train]\nbatch_size = 4\nmax_iters = 4\nwarmup_iters = 2\nlr_decay_iters = 4\n"
+            "eval_interval = 2\neval_iters = 1\nlog_interval = 1\nthreads = 2\n"
+            "out_dir = \"" +
+            (d / "out").string() + "\"\n");
+  Run t = run("train -c " + (d / "tiny.toml").string() + " --ranks 2 --bucket-mb 0.001");
+  INFO(t.out);
+  REQUIRE(t.rc == 0);
+  REQUIRE_THAT(t.out, Catch::Contains("trained 4 steps on 2 ranks"));
+  REQUIRE(fs::exists(d / "out" / "ckpt.safetensors"));
+  Run s = run("sample " + (d / "out" / "ckpt.safetensors").string() + " -n 10 --prompt to");
+  REQUIRE(s.rc == 0);
+
+  Run odd = run("train -c " + (d / "tiny.toml").string() + " --ranks 3");
+  REQUIRE(odd.rc != 0);
+  REQUIRE_THAT(odd.out, Catch::Contains("not a multiple of --ranks 3"));
+  Run gpu = run("train -c " + (d / "tiny.toml").string() + " --device cuda");
+  REQUIRE(gpu.rc != 0);
+  REQUIRE_THAT(gpu.out, Catch::Contains("no GPU training path"));
+}
+
 TEST_CASE("cli: train and sample a tiny masked diffusion LM", "[apps]") {
   const fs::path d = temp_dir("mdlm");
   std::string corpus;
