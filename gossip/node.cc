@@ -141,6 +141,19 @@ Status GossipNode::mix(double self_weight, std::span<const Incoming> incoming) {
   return ok_status();
 }
 
+Status GossipNode::mix_late(const compress::EncodedUpdate& update, std::span<const float> own,
+                            double weight) {
+  if (own.size() != x_.size()) {
+    return invalid_argument("gossip: late mix against a model of " + std::to_string(own.size()) +
+                            " parameters, ours " + std::to_string(x_.size()));
+  }
+  scratch_.assign(x_.size(), 0.0f);
+  RETURN_IF_ERROR(compress::decode_add(update, scratch_, 1.0f), "gossip: late message");
+  const auto w = static_cast<float>(weight);
+  for (size_t i = 0; i < x_.size(); ++i) x_[i] += w * (scratch_[i] - own[i]);
+  return ok_status();
+}
+
 Status GossipNode::pair_average(const compress::EncodedUpdate& other) {
   scratch_.resize(x_.size());
   for (size_t i = 0; i < x_.size(); ++i) scratch_[i] = 0.5f * x_[i];

@@ -83,6 +83,11 @@ class GossipNode {
   // absorbed in the order they were made, each exactly once. FailedPrecondition for an increment
   // from a sender with no copy (its snapshot was lost).
   Status absorb(const Incoming& in);
+  // D-PSGD: folds in a neighbour's message of a round this node already mixed without it:
+  // x <- x + weight (decode(update) - own), `own` being this node's model as it was mixed that
+  // round. The node ends where a timely mix would have put it, so with symmetric weights the sum
+  // over nodes is kept. InvalidArgument when `own` has the wrong size; on error x is unchanged.
+  Status mix_late(const compress::EncodedUpdate& update, std::span<const float> own, double weight);
   // Push-pull: x <- (x + decode(other)) / 2.
   Status pair_average(const compress::EncodedUpdate& other);
   // Replaces x (catch-up from a neighbour's model); CHOCO public copies are kept.

@@ -18,6 +18,7 @@
 #include "core/util/rng.h"
 #include "core/wire/envelope.h"
 #include "gossip/membership.h"
+#include "gossip/simulation.h"
 
 namespace starling::gossip {
 namespace {
@@ -64,6 +65,20 @@ struct Received {
   compress::EncodedUpdate update;
   uint32_t degree = 0;
 };
+
+// D-PSGD: a recent round, kept for neighbours' messages that arrive after we mixed without them
+// (a link replaced mid-round lost them; we saw the neighbour a round ahead): our message of that
+// round, resent on a new link, and what we mixed it against.
+struct PastRound {
+  std::shared_ptr<const std::string> msg;
+  uint32_t degree = 0;
+  std::vector<std::string> sent_to;
+  std::map<std::string, double> missed;  // expected sender -> weight (< 0: Metropolis-Hastings)
+  std::vector<float> own;                // our model as mixed; kept while `missed` is not empty
+};
+
+// Rounds of PastRound kept: a message later than this is not mixed.
+constexpr uint64_t kPastRounds = 4;
 
 enum class Phase { kJoining, kWaiting, kExchanging, kPushWait, kLinger, kDone };
 
@@ -133,6 +148,7 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
   std::map<std::string, uint64_t> latest_round_from;
   std::map<std::string, uint64_t> copy_version;  // CHOCO: version of each neighbour's copy
   std::map<std::string, std::deque<PendingChoco>> choco_pending;
+  std::map<uint64_t, PastRound> past;  // D-PSGD
   // Push-pull.
   std::string push_partner;
   std::vector<float> delta;
@@ -284,6 +300,20 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
                   link->conn->peer().address);
     send_membership(*link);
     request_catch_up(*link);
+    // Our recent rounds' messages may have been lost with the connection this one replaces; the
+    // other side mixes only those it went without.
+    for (const auto& [r, p] : past) {
+      if (std::find(p.sent_to.begin(), p.sent_to.end(), link->peer_id) == p.sent_to.end()) {
+        continue;
+      }
+      v1::Envelope e;
+      auto* g = e.mutable_gossip_exchange();
+      g->set_kind(v1::GOSSIP_ROUND);
+      g->set_round(r);
+      g->set_degree(p.degree);
+      g->set_codec(node->options().codec);
+      enqueue(*link, std::move(e), p.msg);
+    }
     if (phase == Phase::kExchanging && current_msg) {
       const auto sends = send_targets();
       if (std::find(sends.begin(), sends.end(), link->peer_id) != sends.end()) {
@@ -455,6 +485,9 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
           update.reset();
           if (round > 0) drain(from, round - 1);
         }
+        if (g.round() < round && update && node->options().algorithm == Algorithm::kDpsgd) {
+          return mix_late(from, g.round(), *update, g.degree());
+        }
         if (g.round() >= round) {
           Received r;
           if (update) r.update = std::move(*update);
@@ -533,6 +566,24 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
     }
   }
 
+  // D-PSGD: `from`'s message of round r, which we mixed without it: the correction that makes our
+  // model what a timely mix would have given. Anything else (a resend of a message we mixed, a
+  // round no longer kept) is ignored.
+  void mix_late(const std::string& from, uint64_t r, const compress::EncodedUpdate& update,
+                uint32_t degree) {
+    auto it = past.find(r);
+    if (it == past.end()) return;
+    PastRound& p = it->second;
+    auto m = p.missed.find(from);
+    if (m == p.missed.end()) return;
+    const double w = m->second >= 0 ? m->second : mh_weight(p.degree, degree);
+    const Status st = node->mix_late(update, p.own, w);
+    if (!st.ok()) return fail(st.with_context("late message of round " + std::to_string(r)));
+    spdlog::info("peer {}: mixed {}'s late message of round {}", options.node_id, from, r);
+    p.missed.erase(m);
+    if (p.missed.empty()) std::vector<float>().swap(p.own);
+  }
+
   // CHOCO: applies the queued messages of `from` up to round `upto`, in arrival order. A message
   // that does not follow our copy's version (a lost increment) drops the copy until the sender's
   // next snapshot.
@@ -592,6 +643,12 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
   void ensure_links() {
     for (const auto& id : neighbour_ids(round)) {
       if (links.count(id) || id < options.node_id) continue;  // the lower id dials
+      // A connection still awaiting its Hello: a second one would replace it, and with it
+      // whatever was already sent on it.
+      const bool connecting = std::any_of(pending.begin(), pending.end(), [&](const auto& l) {
+        return l->dialed_by_me && l->expected_id == id;
+      });
+      if (connecting) continue;
       const auto address = membership->address_of(id);
       if (address) dial(*address, id, "");
     }
@@ -648,7 +705,8 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
       plan.set_round(round);
       plan.set_local_steps(options.local_steps);
       plan.set_batch_size(options.batch_size);
-      plan.set_learning_rate(options.learning_rate);
+      plan.set_learning_rate(scheduled_learning_rate(
+          options.learning_rate, options.final_lr_fraction, round, options.num_rounds));
       plan.set_seed(rng.fork(round).next_u64());
       delta.assign(static_cast<size_t>(numel), 0.0f);
       auto report = trainer->train(node->params(), plan, delta);
@@ -748,6 +806,15 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
       spdlog::warn("peer {}: round {} timed out waiting for neighbours; mixing what arrived",
                    options.node_id, round);
     }
+    for (const auto& [id, weight] : expected) {
+      if (got.count(id)) continue;
+      const auto lr = latest_round_from.find(id);
+      spdlog::info("peer {}: round {} mixes without {} ({})", options.node_id, round, id,
+                   !membership->is_alive(id) ? "gone from the view"
+                   : lr != latest_round_from.end() && lr->second > round
+                       ? "it is at round " + std::to_string(lr->second)
+                       : "timed out");
+    }
     std::vector<Incoming> in;
     double total = 0.0;
     const bool choco = node->options().algorithm == Algorithm::kChoco;
@@ -760,9 +827,26 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
       in.push_back({id, choco ? nullptr : &it->second.update, wgt, false});
       total += wgt;
     }
+    if (node->options().algorithm == Algorithm::kDpsgd) remember_round(got);
     const Status st = node->mix(1.0 - total, in);
     if (!st.ok()) return fail(st.with_context("round " + std::to_string(round)));
     complete_round(in.size());
+  }
+
+  // D-PSGD: keeps this round (before its mix) for late messages and for resends.
+  void remember_round(const std::map<std::string, Received>& got) {
+    PastRound& p = past[round];
+    p.msg = current_msg;
+    p.degree = static_cast<uint32_t>(my_degree);
+    p.sent_to = send_targets_;
+    for (const auto& [id, weight] : expected) {
+      if (!got.count(id)) p.missed[id] = weight;
+    }
+    if (!p.missed.empty()) {
+      const auto x = node->params();
+      p.own.assign(x.begin(), x.end());
+    }
+    while (past.size() > kPastRounds) past.erase(past.begin());
   }
 
   void complete_round(size_t mixed) {

@@ -49,6 +49,8 @@ struct PeerOptions {
   uint32_t local_steps = 10;
   uint32_t batch_size = 32;
   float learning_rate = 0.05f;
+  // Cosine decay to learning_rate * final_lr_fraction over num_rounds (scheduled_learning_rate).
+  float final_lr_fraction = 1.0f;
   uint64_t seed = 1;
   uint32_t chunk_bytes = 1u << 20;
 };

@@ -4,10 +4,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "core/util/rng.h"
 
 namespace starling::gossip {
+
+float scheduled_learning_rate(float lr, float final_fraction, uint64_t round, uint64_t num_rounds) {
+  if (final_fraction == 1.0f || num_rounds < 2) return lr;
+  const double t = std::min(1.0, static_cast<double>(round) / static_cast<double>(num_rounds - 1));
+  const double f = final_fraction;
+  return static_cast<float>(lr * (f + (1.0 - f) * 0.5 * (1.0 + std::cos(std::numbers::pi * t))));
+}
 
 Simulation::Simulation(SimulationOptions options, compress::Layout layout, int64_t numel)
     : options_(std::move(options)), layout_(std::move(layout)), numel_(numel) {}
@@ -96,7 +104,8 @@ Status Simulation::run_round() {
   plan.set_round(rounds_);
   plan.set_local_steps(options_.local_steps);
   plan.set_batch_size(options_.batch_size);
-  plan.set_learning_rate(options_.learning_rate);
+  plan.set_learning_rate(scheduled_learning_rate(options_.learning_rate, options_.final_lr_fraction,
+                                                 rounds_, options_.num_rounds));
   if (!trainers_.empty()) {
     delta_.resize(static_cast<size_t>(numel_));
     for (int i : live()) {

@@ -30,8 +30,17 @@ struct SimulationOptions {
   uint32_t local_steps = 10;
   uint32_t batch_size = 32;
   float learning_rate = 0.05f;
+  // Cosine decay to learning_rate * final_lr_fraction over num_rounds (scheduled_learning_rate);
+  // num_rounds = 0: constant.
+  float final_lr_fraction = 1.0f;
+  uint64_t num_rounds = 0;
   uint64_t seed = 1;  // training batches (per node and round) and push-pull partner choice
 };
+
+// The learning rate of round `round` (0-based) of `num_rounds`: lr * (f + (1 - f) (1 + cos(pi
+// round / (num_rounds - 1))) / 2), f = final_fraction: lr at round 0, lr * f at the last round.
+// Constant when f = 1 or num_rounds < 2; rounds past the last get lr * f.
+float scheduled_learning_rate(float lr, float final_fraction, uint64_t round, uint64_t num_rounds);
 
 struct NodeRoundStats {
   double train_loss = 0.0;  // mean loss of the round's local steps (0 without a trainer)

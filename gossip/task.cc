@@ -28,6 +28,8 @@ Status validate_gossip_config(const v1::GossipConfig& c, std::string_view source
   check(c.rounds().num_rounds() > 0, "rounds.num_rounds", "must be positive");
   check(c.local().batch_size() > 0, "local.batch_size", "must be positive");
   check(c.local().learning_rate() >= 0, "local.learning_rate", "must be >= 0");
+  check(c.local().final_lr_fraction() >= 0 && c.local().final_lr_fraction() <= 1,
+        "local.final_lr_fraction", "must be in [0, 1]");
   check(c.algorithm().gossip_steps() > 0, "algorithm.gossip_steps", "must be positive");
   check(c.algorithm().consensus_step() > 0 && c.algorithm().consensus_step() <= 1,
         "algorithm.consensus_step", "must be in (0, 1]");
@@ -138,6 +140,8 @@ SimulationOptions simulation_options(const v1::GossipConfig& c) {
   s.local_steps = c.local().local_steps();
   s.batch_size = c.local().batch_size();
   s.learning_rate = c.local().learning_rate();
+  s.final_lr_fraction = c.local().final_lr_fraction();
+  s.num_rounds = c.rounds().num_rounds();
   s.seed = c.rounds().seed();
   return s;
 }

@@ -102,6 +102,7 @@ Status run_peer(const PeerArgs& args) {
   o.local_steps = cfg.local().local_steps();
   o.batch_size = cfg.local().batch_size();
   o.learning_rate = cfg.local().learning_rate();
+  o.final_lr_fraction = cfg.local().final_lr_fraction();
   o.seed = cfg.rounds().seed() + index;
 
   const uint32_t every = cfg.eval().every_rounds();

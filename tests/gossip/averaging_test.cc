@@ -242,3 +242,61 @@ TEST_CASE("averaging: bad simulation setups are refused with the reason", "[goss
   r = Simulation::create(o, compress::flat_layout(4), {std::vector<float>(3, 0.f)}, {});
   REQUIRE_THAT(r.status().message(), Catch::Contains("3 parameters"));
 }
+
+TEST_CASE("averaging: a message mixed late ends where a timely mix would have", "[gossip]") {
+  // Multiples of 4 and weights 1/4: every step is exact in float.
+  const int dim = 16;
+  std::vector<float> xa, xb;
+  for (int k = 0; k < dim; ++k) {
+    xa.push_back(static_cast<float>(4 * k));
+    xb.push_back(static_cast<float>(4 * (k + 3)));
+  }
+  NodeOptions o;
+  auto make_node = [&](const std::vector<float>& x) {
+    auto n = GossipNode::create(o, compress::flat_layout(dim), x);
+    REQUIRE(n.ok());
+    return std::move(*n);
+  };
+  auto a_timely = make_node(xa), a_late = make_node(xa), b = make_node(xb);
+  auto to_update = [&](GossipNode& n) {
+    auto bytes = n.make_message();
+    REQUIRE(bytes.ok());
+    auto u = parse_message(*bytes, dim, "test");
+    REQUIRE(u.ok());
+    return std::move(*u);
+  };
+  const compress::EncodedUpdate from_a = to_update(*a_timely), from_b = to_update(*b);
+  const std::vector<Incoming> b_in = {{"b", &from_b, 0.25, false}};
+  REQUIRE(a_timely->mix(0.75, b_in).ok());
+  // a_late mixes round r without b (its weight stays with a), then b's message arrives.
+  REQUIRE(a_late->mix(1.0, {}).ok());
+  const std::vector<Incoming> a_in = {{"a", &from_a, 0.25, false}};
+  REQUIRE(b->mix(0.75, a_in).ok());
+  REQUIRE(a_late->mix_late(from_b, xa, 0.25).ok());
+  for (int k = 0; k < dim; ++k) {
+    const auto i = static_cast<size_t>(k);
+    REQUIRE(a_late->params()[i] == a_timely->params()[i]);
+    REQUIRE(a_late->params()[i] + b->params()[i] == xa[i] + xb[i]);  // the pair's sum is kept
+  }
+  SECTION("a model of the wrong size is refused and x is unchanged") {
+    const std::vector<float> before(a_late->params().begin(), a_late->params().end());
+    const Status st = a_late->mix_late(from_b, std::vector<float>(3, 0.0f), 0.25);
+    REQUIRE(st.code() == StatusCode::kInvalidArgument);
+    REQUIRE(std::equal(before.begin(), before.end(), a_late->params().begin()));
+  }
+}
+
+TEST_CASE("learning rate: cosine decay from lr to lr * final_fraction", "[gossip]") {
+  REQUIRE(scheduled_learning_rate(0.1f, 1.0f, 7, 10) == 0.1f);
+  REQUIRE(scheduled_learning_rate(0.1f, 0.0f, 3, 0) == 0.1f);
+  REQUIRE(scheduled_learning_rate(0.1f, 0.2f, 0, 11) == Approx(0.1));
+  REQUIRE(scheduled_learning_rate(0.1f, 0.2f, 5, 11) == Approx(0.06));  // halfway: (1 + f) / 2
+  REQUIRE(scheduled_learning_rate(0.1f, 0.2f, 10, 11) == Approx(0.02));
+  REQUIRE(scheduled_learning_rate(0.1f, 0.2f, 50, 11) == Approx(0.02));
+  float prev = 1.0f;
+  for (uint64_t r = 0; r < 11; ++r) {
+    const float lr = scheduled_learning_rate(0.1f, 0.0f, r, 11);
+    REQUIRE(lr <= prev);
+    prev = lr;
+  }
+}

@@ -169,15 +169,18 @@ TEST_CASE("peer processes: eight `starling peer` processes over mutual TLS reach
   }
   for (int i = 0; i < 8; ++i) {
     const auto m = metrics(fed.jsonl(i));
-    INFO(Federation::id(i) << " log:\n" << slurp(fed.log(i)));
+    std::string all;
+    for (int k = 0; k < 8; ++k) all += slurp(fed.log(k));
+    INFO("logs:\n" << all);
     REQUIRE(m.size() == 15);
     REQUIRE(m.front()["live_members"] == 8);
     REQUIRE(m.front()["mixed"] == 5);  // hops 1, 2, 4 both ways on 8 nodes
-    // (0 + 1 + ... + 7) / 8, after 15 rounds at a contraction of 1/3 per round. Across real
-    // processes on a loaded machine a late exchange gives that neighbour's weight to the peer
-    // itself for one round, which moves the mean a little (the bit-exact mean is tested in
-    // process: tests/gossip/averaging_test.cc and peer_test.cc).
-    REQUIRE(m.back()["mean_value"].get<double>() == Approx(3.5).margin(0.1));
+    // (0 + 1 + ... + 7) / 8, after 15 rounds at a contraction of 1/3 per round. A message that
+    // arrives after its round was mixed (lost with a replaced connection and resent, or from a
+    // neighbour seen a round ahead) is folded in late, so the mean is kept up to float rounding
+    // (weights 1/6 are not exact; the bit-exact mean is tested in process: averaging_test.cc
+    // and peer_test.cc).
+    REQUIRE(m.back()["mean_value"].get<double>() == Approx(3.5).margin(1e-4));
     REQUIRE(m.back()["bytes_sent"].get<uint64_t>() > 15u * 5u * 32u * 4u);
   }
 }

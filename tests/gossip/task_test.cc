@@ -36,13 +36,14 @@ TEST_CASE("gossip config: bad values and keys are errors naming the key", "[goss
                Catch::Contains("t.toml:2") && Catch::Contains("peer.heartbeat"));
   REQUIRE(config::parse_toml("[algorithm]\nkind = \"CHOCO\"\ncodec = \"topk:ratio=2\"\n"
                              "[topology]\ntime_varying = true\n[peer]\nseeds = [\"nohost\"]\n"
-                             "fail_timeout_ms = 100\nheartbeat_ms = 200\n",
+                             "fail_timeout_ms = 100\nheartbeat_ms = 200\n"
+                             "[local]\nfinal_lr_fraction = 1.5\n",
                              "t.toml", &c)
               .ok());
   const Status st = validate_gossip_config(c, "t.toml");
   REQUIRE(st.code() == StatusCode::kInvalidArgument);
-  for (const char* key :
-       {"algorithm.codec", "topology.time_varying", "peer.seeds", "peer.fail_timeout_ms"}) {
+  for (const char* key : {"algorithm.codec", "topology.time_varying", "peer.seeds",
+                          "peer.fail_timeout_ms", "local.final_lr_fraction"}) {
     REQUIRE_THAT(st.message(), Catch::Contains(std::string("'") + key + "'"));
   }
 }
