@@ -5,6 +5,8 @@
 
 #include "core/config/toml_config.h"
 #include "core/data/data_dir.h"
+#include "edge_client/ddpm_trainer.h"
+#include "edge_client/mdlm_trainer.h"
 
 namespace starling::aggregator {
 
@@ -14,6 +16,59 @@ Result<v1::FederationConfig> load_federation_config(const std::filesystem::path&
   RETURN_IF_ERROR(validate_federation_config(config, file.string()));
   return config;
 }
+
+namespace {
+
+// [model] of MDLM and DDPM: the model's own validation, its keys named under [model]; the local
+// optimizer fields apply to them only.
+template <typename Check>
+void validate_diffusion_model(const v1::FederationConfig& c, Check& check) {
+  const auto arch = c.model().arch();
+  const bool diffusion = arch == v1::FedModelConfig::MDLM || arch == v1::FedModelConfig::DDPM;
+  auto model_status = [&](const Status& st) {
+    if (st.ok()) return;
+    std::string m = st.message();
+    for (const auto& [from, to] : {std::pair<std::string, std::string>{"'ddpm.", "'model.ddpm."},
+                                   {"diffusion.eps", "model.diffusion.eps"}}) {
+      for (size_t at = m.find(from); at != std::string::npos; at = m.find(from, at + to.size())) {
+        m.replace(at, from.size(), to);
+      }
+    }
+    check(false, arch == v1::FedModelConfig::DDPM ? "model.ddpm" : "model.diffusion",
+          ("is invalid: " + m).c_str());
+  };
+  if (arch == v1::FedModelConfig::MDLM) {
+    model_status(edge_client::mdlm_trainer_options(c, 2).model.validate());
+  }
+  if (arch == v1::FedModelConfig::DDPM) {
+    check(c.data().dataset() == "mnist" || c.data().dataset() == "fashion-mnist", "data.dataset",
+          "must be mnist or fashion-mnist for model.arch DDPM");
+    model_status(edge_client::ddpm_trainer_options(c).model.validate());
+  }
+  if (!diffusion) {
+    check(c.model().local_optimizer() == v1::FedModelConfig::SGD, "model.local_optimizer",
+          "applies to model.arch MDLM and DDPM only");
+    check(!c.model().has_diffusion(), "model.diffusion", "applies to model.arch MDLM only");
+    check(!c.model().has_ddpm(), "model.ddpm", "applies to model.arch DDPM only");
+  } else {
+    check(arch == v1::FedModelConfig::MDLM || !c.model().has_diffusion(), "model.diffusion",
+          "applies to model.arch MDLM only");
+    check(arch == v1::FedModelConfig::DDPM || !c.model().has_ddpm(), "model.ddpm",
+          "applies to model.arch DDPM only");
+  }
+  if (c.model().local_optimizer() == v1::FedModelConfig::ADAMW) {
+    check(c.local().prox_mu() == 0, "local.prox_mu",
+          "must be 0 with model.local_optimizer ADAMW (the proximal term is SGD's)");
+    check(c.model().adamw_beta1() >= 0 && c.model().adamw_beta1() < 1, "model.adamw_beta1",
+          "must be in [0, 1)");
+    check(c.model().adamw_beta2() >= 0 && c.model().adamw_beta2() < 1, "model.adamw_beta2",
+          "must be in [0, 1)");
+    check(c.model().adamw_weight_decay() >= 0, "model.adamw_weight_decay", "must be >= 0");
+  }
+  if (diffusion) check(c.model().grad_clip() >= 0, "model.grad_clip", "must be >= 0");
+}
+
+}  // namespace
 
 Status validate_federation_config(const v1::FederationConfig& c, std::string_view source) {
   std::string errors;
@@ -45,15 +100,17 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
   const bool roles = c.data().partition() == v1::FedDataConfig::ROLES;
   check(roles == (c.data().dataset() == "shakespeare"), "data.partition",
         "must be ROLES exactly when data.dataset is shakespeare");
-  check((c.model().arch() == v1::FedModelConfig::GPT) == (c.data().dataset() == "shakespeare"),
-        "model.arch", "must be GPT exactly when data.dataset is shakespeare");
+  const bool text_model =
+      c.model().arch() == v1::FedModelConfig::GPT || c.model().arch() == v1::FedModelConfig::MDLM;
+  check(text_model == (c.data().dataset() == "shakespeare"), "model.arch",
+        "must be GPT or MDLM exactly when data.dataset is shakespeare");
   check(c.data().test_fraction() > 0 && c.data().test_fraction() < 0.5, "data.test_fraction",
         "must be in (0, 0.5)");
   if (c.model().arch() == v1::FedModelConfig::CNN) {
     check(c.model().cnn_channels1() > 0 && c.model().cnn_channels2() > 0 && c.model().cnn_fc() > 0,
           "model.cnn_channels1", "cnn_channels1, cnn_channels2 and cnn_fc must be positive");
   }
-  if (c.model().arch() == v1::FedModelConfig::GPT) {
+  if (text_model) {
     check(c.model().n_layer() > 0 && c.model().n_head() > 0 && c.model().block_size() > 1,
           "model.n_layer", "n_layer, n_head must be positive and block_size above 1");
     check(c.model().n_head() > 0 && c.model().n_embd() > 0 &&
@@ -62,6 +119,7 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
     check(c.data().min_role_chars() > c.model().block_size(), "data.min_role_chars",
           "must exceed model.block_size (each client needs one training window)");
   }
+  validate_diffusion_model(c, check);
   check(c.model().hidden() > 0, "model.hidden", "must be positive");
   check(c.client().partition_index() < c.data().num_clients(), "client.partition_index",
         "must be below data.num_clients");
@@ -104,6 +162,7 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
   }
   check(c.server().metrics_port() <= 65535, "server.metrics_port", "must be a TCP port (0: off)");
   check(c.server().download_window_kb() > 0, "server.download_window_kb", "must be positive");
+  check(c.server().download_memory_mb() > 0, "server.download_memory_mb", "must be positive");
   if (!errors.empty()) return invalid_argument("invalid federation config:" + errors);
   return ok_status();
 }
@@ -159,6 +218,7 @@ AggregatorOptions aggregator_options(const v1::FederationConfig& c) {
   o.upload_memory_bytes = static_cast<uint64_t>(c.server().upload_memory_mb()) << 20;
   o.spill_dir = c.server().spill_dir();
   o.download_window_bytes = static_cast<size_t>(c.server().download_window_kb()) << 10;
+  o.download_memory_bytes = static_cast<uint64_t>(c.server().download_memory_mb()) << 20;
   switch (c.robust().rule()) {
     case v1::FedRobustConfig::MEAN:
       o.rule.rule = RobustRule::kMean;

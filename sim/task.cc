@@ -17,6 +17,7 @@
 #include "edge_client/mnist_trainer.h"
 #include "edge_client/model_params.h"
 #include "models/gpt/checkpoint.h"
+#include "sim/diffusion_task.h"
 
 namespace starling::sim {
 namespace {
@@ -240,6 +241,10 @@ Result<std::unique_ptr<SimTask>> make_shakespeare(const v1::FederationConfig& c,
   if (static_cast<int64_t>(test.size()) <= c.model().block_size()) {
     return invalid_argument(ctx + ": the held-out text is shorter than one window");
   }
+  if (c.model().arch() == v1::FedModelConfig::MDLM) {
+    return make_mdlm_task(c, source, std::move(tok), std::move(train), std::move(bounds),
+                          std::move(test), std::move(names), roles.minor_roles);
+  }
   return std::unique_ptr<SimTask>(new ShakespeareTask(c, std::move(tok), std::move(train),
                                                       std::move(bounds), std::move(test),
                                                       std::move(names), roles.minor_roles));
@@ -247,10 +252,17 @@ Result<std::unique_ptr<SimTask>> make_shakespeare(const v1::FederationConfig& c,
 
 }  // namespace
 
+bool is_task_model(const v1::FederationConfig& c) {
+  const auto arch = c.model().arch();
+  return arch == v1::FedModelConfig::GPT || arch == v1::FedModelConfig::MDLM ||
+         arch == v1::FedModelConfig::DDPM;
+}
+
 Result<std::unique_ptr<SimTask>> SimTask::create(const v1::FederationConfig& c,
                                                  std::string_view source) {
   RETURN_IF_ERROR(aggregator::validate_federation_config(c, source));
   if (c.data().dataset() == "shakespeare") return make_shakespeare(c, source);
+  if (c.model().arch() == v1::FedModelConfig::DDPM) return make_ddpm_task(c, source);
   const std::string ctx = std::string(source) + ": data";
   ASSIGN_OR_RETURN(auto train, aggregator::load_split(c, true), ctx);
   std::shared_ptr<const data::MnistSet> test;

@@ -23,6 +23,10 @@ struct TaskEval {
   double accuracy = 0.0;  // label accuracy (MNIST) or next-character accuracy (GPT)
 };
 
+// Whether the config's model is one that only SimTask builds (GPT, MDLM, DDPM): `starling
+// aggregator` and `starling client` then take the model, trainer and evaluation from a SimTask.
+bool is_task_model(const v1::FederationConfig& config);
+
 class SimTask {
  public:
   // Loads the dataset of `config` (validated) and partitions it. Errors name `source` and the key.

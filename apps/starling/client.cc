@@ -22,6 +22,7 @@
 #include "edge_client/fed_config.h"
 #include "edge_client/mnist_trainer.h"
 #include "edge_client/preflight.h"
+#include "sim/task.h"
 
 namespace starling::apps {
 namespace {
@@ -79,8 +80,36 @@ Result<std::shared_ptr<const data::MnistSet>> load_own_examples(const Setup& s,
   return std::make_shared<const data::MnistSet>(std::move(own));
 }
 
+// GPT, MDLM and DDPM clients: the trainer of this partition from the SimTask (Shakespeare by role
+// or an image partition). The trainer shares the task's training data (the whole split: unlike
+// the MNIST classifier clients, these do not load only their own examples); no test split.
+Status run_task_client(const ClientArgs& args, const Setup& s) {
+  v1::FederationConfig cfg = s.cfg;
+  cfg.mutable_eval()->set_every_rounds(0);  // evaluation is the aggregator's
+  ASSIGN_OR_RETURN(auto task, sim::SimTask::create(cfg, args.config));
+  if (static_cast<int>(s.partition) >= task->num_clients()) {
+    return invalid_argument(args.config + ": partition " + std::to_string(s.partition) +
+                            " >= the task's " + std::to_string(task->num_clients()) + " clients (" +
+                            task->describe() + ")");
+  }
+  auto trainer = task->make_trainer(static_cast<int>(s.partition));
+  task.reset();
+  ASSIGN_OR_RETURN(auto ctx, net::make_tls_context(s.tls, net::TlsSide::kClient));
+  auto options = edge_client::edge_client_options(s.cfg, s.node_id, 0, s.partition + 1);
+  asio::io_context io;
+  spdlog::info("client {}: partition {}, aggregator {}:{}, state {}", s.node_id, s.partition,
+               options.connect.host, options.connect.port,
+               options.state_path.empty() ? "in memory" : options.state_path);
+  edge_client::EdgeClient client(io, ctx, options, *trainer);
+  client.start();
+  run_while(io, [&] { return client.stopped(); });
+  spdlog::info("client {}: {} rounds trained", s.node_id, client.rounds_trained());
+  return client.error();
+}
+
 Status run_client(const ClientArgs& args) {
   ASSIGN_OR_RETURN(Setup s, setup(args));
+  if (sim::is_task_model(s.cfg)) return run_task_client(args, s);
   std::vector<int64_t> indices;
   ASSIGN_OR_RETURN(auto own, load_own_examples(s, &indices));
   edge_client::MnistTrainer trainer(own, std::move(indices), aggregator::trainer_options(s.cfg));
@@ -126,10 +155,19 @@ int run_check(const ClientArgs& args) {
   report("certificate", cert.status(), cert.ok() ? *cert : "");
 
   std::vector<int64_t> indices;
-  auto own = load_own_examples(*s, &indices);
-  report(
-      "data", own.status(),
-      own.ok() ? std::to_string((*own)->size()) + " examples of " + s->cfg.data().dataset() : "");
+  if (sim::is_task_model(s->cfg)) {
+    auto task = sim::SimTask::create(s->cfg, args.config);
+    report("data", task.status(), task.ok() ? (*task)->describe() : "");
+  }
+  auto own = sim::is_task_model(s->cfg)
+                 ? Result<std::shared_ptr<const data::MnistSet>>(
+                       failed_precondition("not an MNIST-style classifier task"))
+                 : load_own_examples(*s, &indices);
+  if (!sim::is_task_model(s->cfg)) {
+    report(
+        "data", own.status(),
+        own.ok() ? std::to_string((*own)->size()) + " examples of " + s->cfg.data().dataset() : "");
+  }
 
   const auto options = edge_client::edge_client_options(s->cfg, s->node_id, 0, 1);
   if (own.ok()) {

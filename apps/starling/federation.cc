@@ -19,6 +19,7 @@
 #include "edge_client/edge_client.h"
 #include "edge_client/fed_config.h"
 #include "edge_client/model_params.h"
+#include "sim/task.h"
 
 namespace starling::apps {
 namespace {
@@ -79,19 +80,19 @@ std::unique_ptr<edge_client::EdgeClient> make_client(
 Status run_aggregator(const AggregatorArgs& args) {
   ASSIGN_OR_RETURN(auto cfg, aggregator::load_federation_config(args.config));
   if (args.num_rounds) cfg.mutable_rounds()->set_num_rounds(args.num_rounds);
-  if (cfg.model().arch() == v1::FedModelConfig::GPT) {
-    return invalid_argument(args.config +
-                            ": model.arch GPT (Shakespeare by role) runs under `starling simulate "
-                            "-c " +
-                            args.config + "`");
+  // GPT, MDLM and DDPM: model, evaluation and simulated clients' trainers from the SimTask.
+  std::unique_ptr<sim::SimTask> task;
+  if (sim::is_task_model(cfg)) {
+    ASSIGN_OR_RETURN(task, sim::SimTask::create(cfg, args.config));
+    spdlog::info("task: {}", task->describe());
   }
   std::shared_ptr<const data::MnistSet> test;
-  if (cfg.eval().every_rounds() > 0) {
+  if (!task && cfg.eval().every_rounds() > 0) {
     ASSIGN_OR_RETURN(test, aggregator::load_split(cfg, false));
   }
   const int64_t pixels = test ? test->pixels() : 784;
-  auto model = aggregator::make_model(cfg, pixels);
-  const auto layout = edge_client::layout_of(*model);
+  auto model = task ? nullptr : aggregator::make_model(cfg, pixels);
+  const auto layout = task ? task->layout() : edge_client::layout_of(*model);
   auto options = aggregator::aggregator_options(cfg);
   const std::string metrics_path = cfg.server().metrics_path().empty()
                                        ? cfg.server().state_dir() + "/metrics.jsonl"
@@ -136,9 +137,15 @@ Status run_aggregator(const AggregatorArgs& args) {
         {"elapsed_seconds",
          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
     bool go_on = true;
-    if (test && every > 0 && r.round % every == 0) {
-      (void)edge_client::load_flat(*model, global);
-      const auto e = models::evaluate(*model, test->images.data(), test->labels.data(), eval_n);
+    if ((test || task) && every > 0 && r.round % every == 0) {
+      sim::TaskEval e;
+      if (task) {
+        e = task->evaluate(global);
+      } else {
+        (void)edge_client::load_flat(*model, global);
+        const auto m = models::evaluate(*model, test->images.data(), test->labels.data(), eval_n);
+        e = {m.loss, m.accuracy};
+      }
       j["test_loss"] = e.loss;
       j["test_accuracy"] = e.accuracy;
       if (monitor) monitor->evaluated(r.round, e.loss, e.accuracy);
@@ -166,21 +173,31 @@ Status run_aggregator(const AggregatorArgs& args) {
                                                          "starling federation: " + args.config));
     options.monitor = monitor;
   }
-  ASSIGN_OR_RETURN(auto agg, Aggregator::create(io, server_ctx, options, layout,
-                                                edge_client::flatten(*model), hook));
+  ASSIGN_OR_RETURN(
+      auto agg,
+      Aggregator::create(io, server_ctx, options, layout,
+                         task ? task->initial_model() : edge_client::flatten(*model), hook));
   spdlog::info("aggregator: listening on {}:{}, state in {}, metrics in {}", options.server.host,
                agg->port(), options.state_dir, metrics_path);
 
-  std::vector<std::unique_ptr<edge_client::MnistTrainer>> trainers;
+  std::vector<std::unique_ptr<edge_client::LocalTrainer>> trainers;
   std::vector<std::unique_ptr<edge_client::EdgeClient>> clients;
   if (args.simulate) {
-    ASSIGN_OR_RETURN(auto train, aggregator::load_split(cfg, true));
-    ASSIGN_OR_RETURN(auto parts, aggregator::make_partition(cfg, *train));
+    std::shared_ptr<const data::MnistSet> train;
+    data::Partition parts;
+    if (!task) {
+      ASSIGN_OR_RETURN(train, aggregator::load_split(cfg, true));
+      ASSIGN_OR_RETURN(parts, aggregator::make_partition(cfg, *train));
+    }
     for (int k = 0; k < sim_clients; ++k) {
       ASSIGN_OR_RETURN(auto ctx, net::make_tls_context(pki.clients[static_cast<size_t>(k)],
                                                        net::TlsSide::kClient));
-      trainers.push_back(std::make_unique<edge_client::MnistTrainer>(
-          train, parts[static_cast<size_t>(k) % parts.size()], aggregator::trainer_options(cfg)));
+      if (task) {
+        trainers.push_back(task->make_trainer(k % task->num_clients()));
+      } else {
+        trainers.push_back(std::make_unique<edge_client::MnistTrainer>(
+            train, parts[static_cast<size_t>(k) % parts.size()], aggregator::trainer_options(cfg)));
+      }
       clients.push_back(make_client(io, ctx, cfg, "client-" + std::to_string(k), agg->port(),
                                     *trainers.back(), static_cast<uint64_t>(k) + 1));
     }
@@ -194,6 +211,12 @@ Status run_aggregator(const AggregatorArgs& args) {
                                             [](const auto& c) { return c->stopped(); }));
   });
   if (!agg->error().ok()) return agg->error();
+  if (task) {
+    // A checkpoint `starling sample` reads (GPT, MDLM or DDPM), beside the raw global model.
+    const std::string path = options.state_dir + "/model.safetensors";
+    RETURN_IF_ERROR(task->save_model(path, agg->global(), agg->rounds_completed()));
+    spdlog::info("aggregator: model checkpoint in {}", path);
+  }
   spdlog::info("aggregator: done after {} rounds; global model in {}/global_model.safetensors",
                agg->rounds_completed(), options.state_dir);
   return ok_status();

@@ -38,7 +38,7 @@ std::string format_eta(double seconds) {
 }  // namespace
 
 double mdlm_eval_nelbo(Mdlm& model, std::span<const int32_t> tokens, int64_t num_seqs,
-                       int64_t batch, uint64_t seed) {
+                       int64_t batch, uint64_t seed, double* denoise_accuracy) {
   autograd::NoGradGuard ng;
   const bool was_training = model.training();
   model.train(false);
@@ -52,6 +52,7 @@ double mdlm_eval_nelbo(Mdlm& model, std::span<const int32_t> tokens, int64_t num
     std::swap(perm[i], perm[rng.below(static_cast<uint64_t>(i + 1))]);
   }
   double total = 0.0;
+  int64_t correct = 0, corrupted = 0;
   for (int64_t s0 = 0; s0 < num_seqs; s0 += batch) {
     const int64_t b = std::min(batch, num_seqs - s0);
     std::vector<int32_t> x(static_cast<size_t>(b * len));
@@ -66,8 +67,26 @@ double mdlm_eval_nelbo(Mdlm& model, std::span<const int32_t> tokens, int64_t num
     const Tensor x0 = Tensor::from_vector(x, {b, len});
     const NoisedBatch nb = model.corrupt(x0, t, rng);
     total += model.loss(x0, nb.t, nb.xt).item() * static_cast<double>(b);
+    if (denoise_accuracy) {
+      const Tensor logits = model.forward(nb.xt).contiguous();
+      const float* l = logits.data<float>();
+      const Tensor xt_c = nb.xt.contiguous();
+      const int32_t* xt = xt_c.data<int32_t>();
+      const int64_t V = c.vocab_size;
+      for (int64_t r = 0; r < b * len; ++r) {
+        if (xt[r] == x[static_cast<size_t>(r)]) continue;
+        const float* row = l + r * V;
+        const auto arg = std::max_element(row, row + V) - row;
+        correct += arg == x[static_cast<size_t>(r)] ? 1 : 0;
+        ++corrupted;
+      }
+    }
   }
   model.train(was_training);
+  if (denoise_accuracy) {
+    *denoise_accuracy =
+        corrupted > 0 ? static_cast<double>(correct) / static_cast<double>(corrupted) : 0.0;
+  }
   return total / static_cast<double>(num_seqs);
 }
 

@@ -20,9 +20,11 @@ namespace starling::models {
 // eps + (1 - eps)(k + 1/2)/num_seqs (assigned by a permutation drawn from `seed`) and the
 // corruption drawn from `seed`, run `batch` windows at a time in eval mode. The same arguments
 // give the same value, so evaluations of different runs compare.
+// With `denoise_accuracy`, also stores the fraction of corrupted positions (x_t != x_0) whose
+// argmax prediction is x_0 (one more forward pass per batch; 0 when nothing was corrupted).
 // REQUIRES: tokens.size() >= block_size, num_seqs > 0, batch > 0.
 double mdlm_eval_nelbo(Mdlm& model, std::span<const int32_t> tokens, int64_t num_seqs,
-                       int64_t batch, uint64_t seed);
+                       int64_t batch, uint64_t seed, double* denoise_accuracy = nullptr);
 
 // Trains the MDLM described by `config` (model.arch = MDLM; read from `config_source`, named in
 // errors). Writes <out_dir>/ckpt.safetensors (last), best.safetensors (lowest val NELBO),

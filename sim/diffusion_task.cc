@@ -1,0 +1,204 @@
+// The MDLM and DDPM tasks of federations.
+#include "sim/diffusion_task.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "aggregator/fed_task.h"
+#include "edge_client/ddpm_trainer.h"
+#include "edge_client/gpt_trainer.h"
+#include "edge_client/mdlm_trainer.h"
+#include "edge_client/model_params.h"
+#include "models/ddpm/checkpoint.h"
+#include "models/ddpm/trainer.h"
+#include "models/mdlm/checkpoint.h"
+#include "models/mdlm/trainer.h"
+
+namespace starling::sim {
+namespace {
+
+constexpr uint64_t kEvalSeed = 0x5eed;  // the centralized trainers' evaluation seed
+constexpr int64_t kEvalBatch = 32;
+
+class MdlmTask final : public SimTask {
+ public:
+  MdlmTask(const v1::FederationConfig& c, data::CharTokenizer tok,
+           std::shared_ptr<const std::vector<int32_t>> train, std::vector<int64_t> bounds,
+           std::vector<int32_t> test, std::vector<std::string> names, int64_t minor)
+      : config_(c),
+        tokenizer_(std::move(tok)),
+        train_(std::move(train)),
+        bounds_(std::move(bounds)),
+        test_(std::move(test)),
+        names_(std::move(names)),
+        minor_(minor),
+        options_(edge_client::mdlm_trainer_options(c, tokenizer_.vocab_size())),
+        model_(std::make_unique<models::Mdlm>(options_.model, c.model().seed())),
+        layout_(edge_client::layout_of(*model_)) {}
+
+  int num_clients() const override { return static_cast<int>(names_.size()); }
+  const compress::Layout& layout() const override { return layout_; }
+  std::vector<float> initial_model() const override {
+    return edge_client::flatten(models::Mdlm(options_.model, config_.model().seed()));
+  }
+  std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const override {
+    const auto k = static_cast<size_t>(client);
+    return std::make_unique<edge_client::MdlmTrainer>(train_, bounds_[k], bounds_[k + 1], options_);
+  }
+  int64_t local_steps(int client, const v1::RoundPlan& plan) const override {
+    const auto k = static_cast<size_t>(client);
+    return edge_client::gpt_local_steps(bounds_[k + 1] - bounds_[k], options_.model.block_size,
+                                        options_.epochs, plan);
+  }
+  // loss: the deterministic NELBO (nats per character; / ln 2 for bits per character) of
+  // mdlm_eval_nelbo over eval.max_examples windows (0: every disjoint window) of the held-out
+  // text; accuracy: the fraction of corrupted characters the argmax prediction restores.
+  TaskEval evaluate(std::span<const float> global) override {
+    (void)edge_client::load_flat(*model_, global);
+    const int64_t T = options_.model.block_size;
+    int64_t n = std::max<int64_t>(1, static_cast<int64_t>(test_.size()) / T);
+    if (config_.eval().max_examples() > 0) n = std::min<int64_t>(n, config_.eval().max_examples());
+    TaskEval e;
+    e.loss = models::mdlm_eval_nelbo(*model_, test_, n, kEvalBatch, kEvalSeed, &e.accuracy);
+    return e;
+  }
+  Status save_model(const std::filesystem::path& path, std::span<const float> global,
+                    uint64_t round) const override {
+    models::Mdlm model(options_.model, 0);
+    RETURN_IF_ERROR(edge_client::load_flat(model, global));
+    return models::save_mdlm_checkpoint(
+        path, model, edge_client::mdlm_run_config(config_, tokenizer_.vocab_size()), tokenizer_,
+        {static_cast<int64_t>(round), 0.0, 0.0});
+  }
+  std::string describe() const override {
+    return fmt::format(
+        "Tiny Shakespeare by speaking role: {} clients ({} train characters; {} minor roles {}), "
+        "MDLM ({} noise) L={} H={} C={} T={}, {} parameters",
+        names_.size(), train_->size(), minor_,
+        config_.data().merge_minor_roles() ? "merged" : "dropped",
+        options_.model.noise == models::DiffusionNoise::kAbsorbing ? "absorbing" : "uniform",
+        options_.model.n_layer, options_.model.n_head, options_.model.n_embd,
+        options_.model.block_size, model_->num_parameters());
+  }
+
+ private:
+  v1::FederationConfig config_;
+  data::CharTokenizer tokenizer_;
+  std::shared_ptr<const std::vector<int32_t>> train_;
+  std::vector<int64_t> bounds_;
+  std::vector<int32_t> test_;
+  std::vector<std::string> names_;
+  int64_t minor_;
+  edge_client::MdlmTrainerOptions options_;
+  std::unique_ptr<models::Mdlm> model_;  // evaluation only
+  compress::Layout layout_;
+};
+
+class DdpmTask final : public SimTask {
+ public:
+  DdpmTask(const v1::FederationConfig& c, std::shared_ptr<const data::MnistSet> train,
+           std::shared_ptr<const data::MnistSet> test, data::Partition parts)
+      : config_(c),
+        train_(std::move(train)),
+        parts_(std::move(parts)),
+        options_(edge_client::ddpm_trainer_options(c)),
+        model_(std::make_unique<models::Ddpm>(options_.model, c.model().seed())),
+        layout_(edge_client::layout_of(model_->net())) {
+    if (test) {
+      std::vector<int64_t> all(static_cast<size_t>(test->size()));
+      for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+      test_x_ = edge_client::ddpm_images(*test, all);
+    }
+  }
+
+  int num_clients() const override { return static_cast<int>(parts_.size()); }
+  const compress::Layout& layout() const override { return layout_; }
+  std::vector<float> initial_model() const override {
+    return edge_client::flatten(models::Ddpm(options_.model, config_.model().seed()).net());
+  }
+  std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const override {
+    return std::make_unique<edge_client::DdpmTrainer>(train_, parts_[static_cast<size_t>(client)],
+                                                      options_);
+  }
+  int64_t local_steps(int client, const v1::RoundPlan& plan) const override {
+    return edge_client::ddpm_local_steps(
+        static_cast<int64_t>(parts_[static_cast<size_t>(client)].size()), options_.epochs, plan);
+  }
+  // loss: ddpm_eval_loss (epsilon MSE) over eval.max_examples test images evenly spaced (0: all),
+  // with the centralized trainer's fixed steps and noise; accuracy: 1 - loss, the fraction of
+  // the noise variance the network explains.
+  TaskEval evaluate(std::span<const float> global) override {
+    if (!test_x_.defined()) return {};
+    (void)edge_client::load_flat(model_->net(), global);
+    int64_t n = test_x_.size(0);
+    if (config_.eval().max_examples() > 0) n = std::min<int64_t>(n, config_.eval().max_examples());
+    const double loss = models::ddpm_eval_loss(*model_, test_x_, n, kEvalBatch, kEvalSeed);
+    return {loss, 1.0 - loss};
+  }
+  Status save_model(const std::filesystem::path& path, std::span<const float> global,
+                    uint64_t round) const override {
+    models::Ddpm model(options_.model, 0);
+    RETURN_IF_ERROR(edge_client::load_flat(model.net(), global));
+    return models::save_ddpm_checkpoint(path, model, edge_client::ddpm_run_config(config_),
+                                        {static_cast<int64_t>(round), 0.0, 0.0});
+  }
+  std::string describe() const override {
+    const char* part[] = {"IID", "Dirichlet", "shards", "roles"};
+    return fmt::format(
+        "{} ({} train images), {} partition over {} clients; DDPM U-Net base {} mult [{}], T={}, "
+        "{} parameters",
+        config_.data().dataset(), train_->size(),
+        part[static_cast<int>(config_.data().partition())], parts_.size(),
+        options_.model.unet.base_channels, fmt::join(options_.model.unet.channel_mult, ", "),
+        options_.model.schedule.timesteps, model_->net().num_parameters());
+  }
+
+ private:
+  v1::FederationConfig config_;
+  std::shared_ptr<const data::MnistSet> train_;
+  data::Partition parts_;
+  edge_client::DdpmTrainerOptions options_;
+  std::unique_ptr<models::Ddpm> model_;  // evaluation only
+  compress::Layout layout_;
+  Tensor test_x_;  // (N, 1, H, W) in [-1, 1]
+};
+
+}  // namespace
+
+Result<std::unique_ptr<SimTask>> make_mdlm_task(const v1::FederationConfig& c,
+                                                std::string_view source, data::CharTokenizer tok,
+                                                std::shared_ptr<const std::vector<int32_t>> train,
+                                                std::vector<int64_t> bounds,
+                                                std::vector<int32_t> test,
+                                                std::vector<std::string> names, int64_t minor) {
+  const Status st = edge_client::mdlm_trainer_options(c, tok.vocab_size()).model.validate();
+  if (!st.ok()) return invalid_argument(std::string(source) + ": model: " + st.message());
+  return std::unique_ptr<SimTask>(new MdlmTask(c, std::move(tok), std::move(train),
+                                               std::move(bounds), std::move(test), std::move(names),
+                                               minor));
+}
+
+Result<std::unique_ptr<SimTask>> make_ddpm_task(const v1::FederationConfig& c,
+                                                std::string_view source) {
+  const std::string ctx = std::string(source) + ": data";
+  ASSIGN_OR_RETURN(auto train, aggregator::load_split(c, true), ctx);
+  const auto options = edge_client::ddpm_trainer_options(c);
+  if (train->rows != options.model.unet.image_size ||
+      train->cols != options.model.unet.image_size || options.model.unet.in_channels != 1) {
+    return invalid_argument(fmt::format(
+        "{}: keys 'model.ddpm.image_size' = {} and 'model.ddpm.image_channels' = {} do not match "
+        "{} ({}x{}, 1 channel)",
+        source, options.model.unet.image_size, options.model.unet.in_channels, c.data().dataset(),
+        train->rows, train->cols));
+  }
+  std::shared_ptr<const data::MnistSet> test;
+  if (c.eval().every_rounds() > 0) {
+    ASSIGN_OR_RETURN(test, aggregator::load_split(c, false), ctx);
+  }
+  ASSIGN_OR_RETURN(auto parts, aggregator::make_partition(c, *train), ctx);
+  return std::unique_ptr<SimTask>(
+      new DdpmTask(c, std::move(train), std::move(test), std::move(parts)));
+}
+
+}  // namespace starling::sim

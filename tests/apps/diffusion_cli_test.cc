@@ -1,0 +1,164 @@
+// The diffusion models federated from the command line: `starling aggregator` and two
+// `starling client` processes train a tiny DDPM over mutual TLS, `starling aggregator --simulate`
+// a tiny MDLM, and `starling sample` reads the checkpoints they leave.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kBinary = std::string(STARLING_BINARY_DIR) + "/apps/starling";
+
+struct Run {
+  int rc = -1;
+  std::string out;
+};
+
+Run run(const std::string& args) {
+  const std::string cmd = kBinary + " --log-level warn " + args + " 2>&1";
+  Run r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+pid_t spawn(const std::string& args, const fs::path& log) {
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const std::string cmd = "exec " + kBinary + " " + args + " >" + log.string() + " 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// The child's exit code after at most `seconds`; -1 if it is still running (then killed).
+int wait_for(pid_t pid, int seconds) {
+  for (int i = 0; i < seconds * 20; ++i) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+bool have_data(const char* file) {
+  const char* env = std::getenv("STARLING_DATA_DIR");
+  const fs::path dir =
+      env && *env ? fs::path(env) : fs::path(STARLING_SOURCE_DIR) / "../shared/data";
+  std::error_code ec;
+  return fs::exists(dir / file, ec);
+}
+
+}  // namespace
+
+TEST_CASE("cli: a DDPM federation of an aggregator and two clients over TLS", "[apps]") {
+  if (!have_data("mnist/train-images-idx3-ubyte.gz")) return;
+  const fs::path d = fs::temp_directory_path() / ("starling_ddpm_cli_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  REQUIRE(run("certs init-ca --out " + (d / "ca").string() + " --name ddpm-test").rc == 0);
+  REQUIRE(run("certs issue --ca " + (d / "ca").string() +
+              " --name aggregator --role server --san DNS:localhost,IP:127.0.0.1 --out " +
+              (d / "agg").string())
+              .rc == 0);
+  for (const char* c : {"client-0", "client-1"}) {
+    REQUIRE(run("certs issue --ca " + (d / "ca").string() + " --name " + c +
+                " --role client --out " + (d / c).string())
+                .rc == 0);
+  }
+  const int port = 20000 + static_cast<int>((getpid() + 7919) % 20000);
+  const std::string common =
+      "[rounds]\nnum_rounds = 2\nclients_per_round = 2\nmin_available = 2\nmin_updates = 2\n"
+      "round_deadline_ms = 30000\n"
+      "[local]\nlocal_steps = 1\nbatch_size = 2\nlearning_rate = 0.001\n"
+      "codec = \"int8:block=64,ef=1\"\n"
+      "[data]\ndataset = \"mnist\"\nnum_clients = 2\npartition = \"DIRICHLET\"\n"
+      "[model]\narch = \"DDPM\"\nlocal_optimizer = \"ADAMW\"\n"
+      "[model.ddpm]\nbase_channels = 4\nchannel_mult = [1, 2]\ngroups = 2\nattention = false\n"
+      "timesteps = 20\nsampling_steps = 4\nnum_samples = 4\n"
+      "[eval]\nevery_rounds = 1\nmax_examples = 8\n";
+  std::ofstream(d / "agg.toml") << "[tls]\nca = \"" << (d / "agg" / "ca.crt").string()
+                                << "\"\ncert = \"" << (d / "agg" / "aggregator.crt").string()
+                                << "\"\nkey = \"" << (d / "agg" / "aggregator.key").string()
+                                << "\"\n[server]\nport = " << port << "\nstate_dir = \""
+                                << (d / "state").string() << "\"\n"
+                                << common;
+  for (int k = 0; k < 2; ++k) {
+    const std::string name = "client-" + std::to_string(k);
+    std::ofstream(d / (name + ".toml"))
+        << "[tls]\nca = \"" << (d / name / "ca.crt").string() << "\"\ncert = \""
+        << (d / name / (name + ".crt")).string() << "\"\nkey = \""
+        << (d / name / (name + ".key")).string() << "\"\n"
+        << common << "[client]\nserver_port = " << port
+        << "\nserver_name = \"localhost\"\npartition_index = " << k
+        << "\nbackoff_max_ms = 300\nstate_path = \"none\"\n";
+  }
+  const pid_t agg = spawn("aggregator --config " + (d / "agg.toml").string(), d / "agg.log");
+  const pid_t c0 = spawn("client --config " + (d / "client-0.toml").string(), d / "client-0.log");
+  const pid_t c1 = spawn("client --config " + (d / "client-1.toml").string(), d / "client-1.log");
+  INFO(slurp(d / "agg.log"));
+  CHECK(wait_for(c0, 60) == 0);
+  CHECK(wait_for(c1, 60) == 0);
+  REQUIRE(wait_for(agg, 30) == 0);
+  const std::string metrics = slurp(d / "state" / "metrics.jsonl");
+  CHECK(std::count(metrics.begin(), metrics.end(), '\n') == 2);
+  CHECK_THAT(metrics, Catch::Contains("\"test_loss\""));
+  // The aggregator's checkpoint samples like a trained DDPM's.
+  const Run s = run("sample --checkpoint " + (d / "state" / "model.safetensors").string() +
+                    " --num 2 --out " + (d / "s.png").string());
+  INFO(s.out);
+  CHECK(s.rc == 0);
+  CHECK(fs::file_size(d / "s.png") > 0);
+  fs::remove_all(d);
+}
+
+TEST_CASE("cli: aggregator --simulate trains a tiny federated MDLM that samples", "[apps]") {
+  if (!have_data("tinyshakespeare/input.txt")) return;
+  const fs::path d = fs::temp_directory_path() / ("starling_mdlm_cli_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::ofstream(d / "mdlm.toml")
+      << "[server]\nstate_dir = \"" << (d / "state").string() << "\"\n"
+      << "[simulate]\nnum_clients = 2\n"
+      << "[data]\ndataset = \"shakespeare\"\npartition = \"ROLES\"\nnum_clients = 2\n"
+      << "min_role_chars = 20000\n"
+      << "[model]\narch = \"MDLM\"\nn_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\n"
+      << "[model.diffusion]\nsampling_steps = 4\n"
+      << "[rounds]\nnum_rounds = 1\nclients_per_round = 2\nmin_available = 2\nmin_updates = 2\n"
+      << "[local]\nlocal_steps = 1\nbatch_size = 2\nlearning_rate = 0.1\n"
+      << "codec = \"topk:ratio=0.1,ef=1\"\n[eval]\nmax_examples = 4\n";
+  const Run a = run("aggregator --simulate --config " + (d / "mdlm.toml").string());
+  INFO(a.out);
+  REQUIRE(a.rc == 0);
+  const Run s = run("sample --checkpoint " + (d / "state" / "model.safetensors").string());
+  INFO(s.out);
+  CHECK(s.rc == 0);
+  CHECK(s.out.size() >= 16);  // one sequence of block_size characters
+  fs::remove_all(d);
+}
