@@ -8,10 +8,11 @@
 //
 // Every operation first calls OpenSSL; only when OpenSSL reports that the socket would block
 // does it wait (socket::async_wait) and retry. Waiting only after EAGAIN is what asio's
-// edge-triggered reactor needs: readiness that arrives later produces a new event. Handlers
-// never run inside the initiating call (completions are posted). Not thread-safe: like the
-// rest of the transport, one thread drives a stream (a read and a write may be in flight at
-// once; OpenSSL allows interleaving them on one thread).
+// edge-triggered reactor needs: readiness that arrives later produces a new event. That holds
+// when one thread runs the io_context (as everywhere in starling): with several, another
+// thread could take the readiness event between OpenSSL's EAGAIN and the wait being queued.
+// Handlers never run inside the initiating call (completions are posted). Not thread-safe: a
+// read and a write may be in flight at once (OpenSSL allows interleaving them on one thread).
 #pragma once
 
 #include <openssl/err.h>
