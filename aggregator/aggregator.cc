@@ -7,6 +7,7 @@
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -51,6 +52,7 @@ v1::Envelope error_envelope(v1::ErrorCode code, std::string message, bool retrya
 
 struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   struct Session {
+    uint64_t id = 0;
     std::shared_ptr<net::Connection> conn;
     std::string node_id;
     bool registered = false;
@@ -64,6 +66,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     uint64_t base_version = 0;  // of the model it was sent
     float weight = 0.0f;        // of its upload: examples, times the staleness factor (FedBuff)
     std::shared_ptr<edge_client::ChunkPump> pump;
+    bool upload_granted = false;  // holds one of the upload turns
   };
 
   Impl(asio::io_context& io_ctx, AggregatorOptions opts, compress::Layout lay,
@@ -98,7 +101,10 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       static_cast<size_t>(options.download_memory_bytes / options.download_window_bytes));
   std::map<uint64_t, Session> sessions;
   uint64_t next_session = 1;
-  uint64_t round = 0;  // completed
+  std::deque<uint64_t> upload_queue;  // sessions whose upload waits for a turn
+  uint32_t uploads_streaming = 0;
+  uint32_t most_streaming = 0;  // this round
+  uint64_t round = 0;           // completed
   uint64_t version = 0;
   uint64_t attempt = 0;  // retries of the round in progress
   uint64_t next_transfer = 1;
@@ -152,6 +158,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
 
   void accept(std::shared_ptr<net::Connection> conn) {
     const uint64_t id = next_session++;
+    sessions[id].id = id;
     sessions[id].conn = conn;
     auto weak = weak_from_this();
     conn->start(
@@ -172,6 +179,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     }
     const bool was_outstanding = it->second.selected && !it->second.submitted;
     const bool was_registered = it->second.registered;
+    reset_upload(it->second);  // gives back its upload turn
     sessions.erase(it);
     if (options.monitor && was_registered) options.monitor->set_registered(registered_count());
     if (async()) {
@@ -371,6 +379,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     rejected = 0;
     loss_sum = 0.0;
     bytes_in = 0;
+    most_streaming = uploads_streaming;
     accumulator.reset();
     round_active = true;
     started = Clock::now();
@@ -394,6 +403,39 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     s.rx.reset();
     s.reserved.reset();
     s.spill.reset();
+    end_upload_turn(s);
+  }
+
+  // Upload turns: at most options.upload_concurrency uploads stream at once.
+  void request_upload_turn(Session& s) {
+    if (uploads_streaming < std::max<uint32_t>(options.upload_concurrency, 1)) {
+      return grant_upload(s);
+    }
+    upload_queue.push_back(s.id);
+  }
+
+  void grant_upload(Session& s) {
+    ++uploads_streaming;
+    most_streaming = std::max(most_streaming, uploads_streaming);
+    s.upload_granted = true;
+    v1::Envelope go;
+    go.mutable_chunk_ack()->set_transfer_id(s.upload.transfer().transfer_id());
+    go.mutable_chunk_ack()->set_next_index(0);
+    send(s, go);
+  }
+
+  void end_upload_turn(Session& s) {
+    if (!s.upload_granted) return;
+    s.upload_granted = false;
+    --uploads_streaming;
+    while (!upload_queue.empty() &&
+           uploads_streaming < std::max<uint32_t>(options.upload_concurrency, 1)) {
+      const auto it = sessions.find(upload_queue.front());
+      upload_queue.pop_front();
+      // Gone, or its upload ended (rejected, round closed) while it waited.
+      if (it == sessions.end() || !it->second.rx || it->second.upload_granted) continue;
+      grant_upload(it->second);
+    }
   }
 
   std::filesystem::path spill_dir() const {
@@ -463,7 +505,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     if (!rx.ok()) return reject_update(s, rx.status());
     s.rx.emplace(std::move(*rx));
     s.upload = u;
-    if (u.transfer().num_chunks() == 0) finish_upload(s);
+    if (u.transfer().num_chunks() == 0) return finish_upload(s);
+    request_upload_turn(s);
   }
 
   void on_chunk(Session& s, const v1::Chunk& c) {
@@ -533,6 +576,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     if (!async()) {
       round_active = false;
       deadline_timer.cancel();
+      upload_queue.clear();  // nobody waiting is granted a turn for a closed round
       for (auto& [sid, s] : sessions) {
         s.selected = false;
         reset_upload(s);
@@ -549,6 +593,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     report.update_bytes = bytes_in;
     report.seconds = std::chrono::duration<double>(Clock::now() - started).count();
     report.registered = registered_at_start;
+    report.most_uploads_streaming = static_cast<int>(most_streaming);
 
     if (accountant) {
       // Fixed denominator: the expected number of updates, so that one client's influence on
@@ -602,6 +647,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       rejected = 0;
       loss_sum = 0.0;
       bytes_in = 0;
+      most_streaming = uploads_streaming;
       started = Clock::now();
     }
     bool go_on = true;

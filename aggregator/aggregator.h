@@ -74,6 +74,10 @@ struct AggregatorOptions {
   // least one); the other selected clients wait their turn, so fanning the model out to
   // thousands of clients holds a bounded amount of queued frames.
   uint64_t download_memory_bytes = 64ull << 20;
+  // Uploads streaming at once. A client sends its chunks only once the aggregator grants its
+  // upload (a ChunkAck from index 0); the others wait their turn in arrival order, so a round
+  // where thousands of clients finish together holds this many chunk frames, not thousands.
+  uint32_t upload_concurrency = 32;
 };
 
 // What happened in one completed round.
@@ -88,9 +92,10 @@ struct RoundReport {
   double mean_train_loss = 0.0;  // weighted by examples
   uint64_t update_bytes = 0;     // compressed update bytes received and folded
   double seconds = 0.0;
-  int registered = 0;         // clients registered when the round started
-  double dp_epsilon = 0.0;    // privacy spent so far at dp.delta (0 without DP)
-  double dp_noise_std = 0.0;  // per coordinate, this round
+  int registered = 0;              // clients registered when the round started
+  double dp_epsilon = 0.0;         // privacy spent so far at dp.delta (0 without DP)
+  double dp_noise_std = 0.0;       // per coordinate, this round
+  int most_uploads_streaming = 0;  // uploads granted a turn at the same time, at most
 };
 
 // Not thread-safe: every call and handler runs on the io_context thread. Destroying it aborts

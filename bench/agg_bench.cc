@@ -189,7 +189,11 @@ struct FakeClient {
       upload();
     }
     if (e.has_chunk_ack() && pump && !e.chunk_ack().complete()) {
-      pump->resume_from(e.chunk_ack().next_index());
+      if (!pump->started()) {
+        pump->start();  // the aggregator granted this upload its turn
+      } else {
+        pump->resume_from(e.chunk_ack().next_index());
+      }
     }
     if (e.has_error()) {
       if (e.error().message() == edge_client::kFederationComplete) {
@@ -214,8 +218,7 @@ struct FakeClient {
     u->set_codec("identity");
     u->set_train_loss(1.0f);
     *u->mutable_transfer() = pump->header();
-    (void)conn->send(up);
-    pump->start();
+    (void)conn->send(up);  // the chunks follow the aggregator's grant
     ++uploads;
   }
 
@@ -239,6 +242,7 @@ struct RssOptions {
   uint32_t chunk_bytes = 16u << 10;
   size_t download_window_bytes = 8u << 20;  // the product's defaults
   uint64_t download_memory_mb = 64;
+  uint32_t upload_concurrency = 32;
   uint64_t upload_memory_mb = 16;
   std::string spill_dir = "build/agg_bench_spill";
 };
@@ -294,6 +298,7 @@ RssResult bench_rss(int clients, const RssOptions& ro) {
     o.chunk_bytes = ro.chunk_bytes;
     o.download_window_bytes = ro.download_window_bytes;
     o.download_memory_bytes = ro.download_memory_mb << 20;
+    o.upload_concurrency = ro.upload_concurrency;
     o.upload_memory_bytes = ro.upload_memory_mb << 20;
     o.spill_dir = ro.spill_dir;
     o.server.max_connections = static_cast<size_t>(clients) + 64;
@@ -394,6 +399,8 @@ int main(int argc, char** argv) {
                  "Aggregator download window per connection in the RSS runs");
   app.add_option("--download-memory-mb", ro.download_memory_mb,
                  "Aggregator budget for queued model downloads (downloads at once: this / window)");
+  app.add_option("--upload-concurrency", ro.upload_concurrency,
+                 "Aggregator uploads streaming at once (the others wait for their turn)");
   app.add_option("--upload-memory-mb", ro.upload_memory_mb,
                  "Aggregator budget for uploads in flight held in memory (the rest spills)");
   app.add_option("--spill-dir", ro.spill_dir, "Where uploads beyond the budget wait");
@@ -466,10 +473,11 @@ int main(int argc, char** argv) {
     std::printf(
         "\nAggregator peak RSS, %lld-parameter model (%.1f MiB), %u rounds, upload "
         "memory budget %llu MiB, chunks of %u KiB, download window %zu KiB per "
-        "connection and %llu MiB in all, loopback mutual TLS\n",
+        "connection and %llu MiB in all, %u uploads at once, loopback mutual TLS\n",
         static_cast<long long>(ro.params), static_cast<double>(ro.params) * 4 / 1048576, ro.rounds,
         static_cast<unsigned long long>(ro.upload_memory_mb), ro.chunk_bytes >> 10,
-        ro.download_window_bytes >> 10, static_cast<unsigned long long>(ro.download_memory_mb));
+        ro.download_window_bytes >> 10, static_cast<unsigned long long>(ro.download_memory_mb),
+        ro.upload_concurrency);
     std::printf("%-14s %13s %13s %20s %9s %9s %5s\n", "clients/round", "RSS idle MiB",
                 "peak RSS MiB", "one round's updates", "uploads", "seconds", "ok");
     for (const auto& r : rss) {

@@ -223,6 +223,8 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
         if (pump && e.chunk_ack().transfer_id() == pump->header().transfer_id()) {
           if (e.chunk_ack().complete()) {
             save_state();
+          } else if (!pump->started()) {
+            pump->start();  // the aggregator's turn for this upload (an ack from index 0)
           } else {
             pump->resume_from(e.chunk_ack().next_index());
           }
@@ -341,8 +343,8 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     u->set_codec(p.codec());
     u->set_train_loss(report->loss);
     *u->mutable_transfer() = pump->header();
+    // The chunks follow once the aggregator grants the upload its turn (a ChunkAck).
     (void)conn->send(up);
-    pump->start();
   }
 };
 

@@ -69,6 +69,7 @@ void ChunkPump::release_slot() {
 }
 
 void ChunkPump::start() {
+  started_flag_ = true;
   if (slots_) return slots_->enqueue(shared_from_this());
   begin();
 }

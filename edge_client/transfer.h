@@ -75,6 +75,7 @@ class ChunkPump : public std::enable_shared_from_this<ChunkPump> {
   void resume_from(uint64_t index);
   void cancel();
   bool done() const { return next_ >= sender_.num_chunks(); }
+  bool started() const { return started_flag_; }
   // Paces the chunks to at most `bytes_per_second` of payload (0: as fast as the connection
   // takes them), e.g. an edge device's upload cap. Call before start().
   void set_rate_limit(asio::any_io_executor executor, uint64_t bytes_per_second);
@@ -87,6 +88,7 @@ class ChunkPump : public std::enable_shared_from_this<ChunkPump> {
 
   std::shared_ptr<PumpSlots> slots_;
   bool holds_slot_ = false;
+  bool started_flag_ = false;
   std::weak_ptr<net::Connection> conn_;
   std::shared_ptr<const std::string> payload_;
   net::ChunkSender sender_;

@@ -171,6 +171,39 @@ TEST_CASE("FedAvg over mutual TLS equals the weighted average, bit for bit", "[n
   }
 }
 
+TEST_CASE("uploads and downloads taking turns one at a time still average bit for bit", "[net]") {
+  Federation fed;
+  asio::io_context io;
+  auto o = fed.options(2);
+  o.upload_concurrency = 1;
+  o.download_memory_bytes = o.download_window_bytes;  // one download at a time
+  std::vector<RoundReport> reports;
+  auto agg =
+      Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o, test_layout(),
+                         initial_model(), [&](const RoundReport& r, std::span<const float>) {
+                           reports.push_back(r);
+                           return true;
+                         });
+  REQUIRE(agg.ok());
+  std::vector<std::unique_ptr<FormulaTrainer>> trainers;
+  std::vector<std::unique_ptr<EdgeClient>> clients;
+  for (int k = 0; k < 4; ++k) {
+    trainers.push_back(std::make_unique<FormulaTrainer>(k));
+    clients.push_back(fed.start_client(io, k, (*agg)->port(), *trainers.back()));
+  }
+  REQUIRE(run_until(io, kWait, [&] {
+    return (*agg)->done() &&
+           std::all_of(clients.begin(), clients.end(), [](const auto& c) { return c->finished(); });
+  }));
+  CHECK((*agg)->error().ok());
+  CHECK(bit_equal((*agg)->global(), expected_fedavg(2)));
+  REQUIRE(reports.size() == 2);
+  for (const auto& r : reports) {
+    CHECK(r.updates == 4);
+    CHECK(r.most_uploads_streaming == 1);
+  }
+}
+
 TEST_CASE("a client that fails mid-round is tolerated", "[net]") {
   Federation fed;
   asio::io_context io;
