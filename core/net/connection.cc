@@ -107,7 +107,7 @@ void Connection::on_read(const asio::error_code& ec, size_t n) {
 }
 
 Status Connection::consume(size_t n) {
-  last_io_ = Clock::now();
+  last_read_ = Clock::now();
   RETURN_IF_ERROR(
       reading_idle_ ? decoder_.feed(std::string_view(idle_read_.data(), n)) : decoder_.commit(n),
       "frame from " + peer_.describe());
@@ -166,7 +166,8 @@ void Connection::arm_read_deadline() {
 void Connection::arm_trim() {
   if (trim_armed_ || closed_ || (decoder_.capacity() == 0 && spare_.empty())) return;
   trim_armed_ = true;
-  trim_timer_.expires_at(std::max(last_io_, Clock::now() - kTrimAfter / 2) + kTrimAfter);
+  trim_timer_.expires_at(
+      std::max(std::min(last_read_, last_write_), Clock::now() - kTrimAfter / 2) + kTrimAfter);
   trim_timer_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
     self->trim_armed_ = false;
     if (!ec) self->on_trim();
@@ -182,12 +183,17 @@ size_t Connection::buffer_bytes() const {
 
 void Connection::on_trim() {
   if (closed_) return;
-  const bool quiet = reading_idle_ && !decoder_.mid_frame() && writing_count_ == 0 &&
-                     queue_.empty() && Clock::now() - last_io_ >= kTrimAfter;
-  if (!quiet) return arm_trim();  // busy: look again later
-  decoder_.release();
-  spare_.clear();
-  spare_.shrink_to_fit();
+  // Each direction on its own: a connection that streams an upload right after a download
+  // gives back the download's frames while it reads.
+  const auto now = Clock::now();
+  if (reading_idle_ && !decoder_.mid_frame() && now - last_read_ >= kTrimAfter) {
+    decoder_.release();
+  }
+  if (writing_count_ == 0 && queue_.empty() && now - last_write_ >= kTrimAfter) {
+    spare_.clear();
+    spare_.shrink_to_fit();
+  }
+  arm_trim();  // whatever is still held: look again later
 }
 
 void Connection::wait_read_deadline() {
@@ -269,7 +275,7 @@ void Connection::do_write() {
       *stream_, buffers, [self = shared_from_this()](const asio::error_code& ec, size_t) {
         if (self->closed_) return;
         self->write_timer_.cancel();
-        self->last_io_ = Clock::now();
+        self->last_write_ = Clock::now();
         if (ec) {
           self->fail(
               net_error("write to", self->peer_.describe(), ec, self->stream_->native_handle()));

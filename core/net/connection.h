@@ -119,7 +119,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   asio::steady_timer write_timer_;
   asio::steady_timer trim_timer_;
   bool trim_armed_ = false;
-  std::chrono::steady_clock::time_point last_io_{};
+  std::chrono::steady_clock::time_point last_read_{};   // last bytes received
+  std::chrono::steady_clock::time_point last_write_{};  // last write completed
   bool frame_in_progress_ = false;
   std::chrono::steady_clock::time_point frame_deadline_{};
   std::chrono::steady_clock::time_point read_deadline_{};

@@ -2,6 +2,7 @@
 // the Server while a handshake runs is safe.
 #include "core/net/server.h"
 
+#include <algorithm>
 #include <asio/ip/address.hpp>
 #include <asio/ssl/error.hpp>
 
@@ -31,6 +32,8 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   AcceptHandler on_accept;
   RejectHandler on_reject;
   size_t connections = 0;
+  size_t handshaking = 0;
+  bool accept_paused = false;  // at max_handshakes: accept_next() once one finishes
   bool stopped = false;
 };
 
@@ -58,6 +61,10 @@ void Server::Impl::accept_next() {
         } else {
           self->handshake(std::move(socket));
         }
+        if (self->handshaking >= std::max<size_t>(self->options.max_handshakes, 1)) {
+          self->accept_paused = true;
+          return;
+        }
         self->accept_next();
       });
 }
@@ -77,6 +84,7 @@ void Server::Impl::handshake(asio::ip::tcp::socket socket) {
   };
   auto flags = std::make_shared<Flags>();
   ++connections;
+  ++handshaking;
   SslStream* raw = stream.get();
   timer->expires_after(options.connection.deadlines.handshake);
   timer->async_wait([raw, flags](const asio::error_code& e) {
@@ -91,6 +99,11 @@ void Server::Impl::handshake(asio::ip::tcp::socket socket) {
        address = std::move(address)](const asio::error_code& e) mutable {
         flags->done = true;
         timer->cancel();
+        --self->handshaking;
+        if (self->accept_paused && !self->stopped) {
+          self->accept_paused = false;
+          self->accept_next();
+        }
         Status s;
         if (flags->timed_out) {
           s = deadline_exceeded(

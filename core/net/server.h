@@ -19,6 +19,10 @@ struct ServerOptions {
   uint16_t port = 0;  // 0: any free port, see Server::port()
   // Handshaking plus established connections; beyond it new sockets are closed at once.
   size_t max_connections = 1024;
+  // TLS handshakes in progress at once; further connections wait in the kernel's accept queue
+  // until one finishes (a handshake's key exchange and certificate state cost tens of KiB, so
+  // a thousand clients connecting together would otherwise all hold it at once).
+  size_t max_handshakes = 64;
   ConnectionOptions connection;
 };
 

@@ -1,4 +1,5 @@
 // Mutual TLS over real sockets on 127.0.0.1: the successful exchange and every rejection.
+#include <algorithm>
 #include <asio/connect.hpp>
 #include <asio/write.hpp>
 #include <catch2/catch.hpp>
@@ -361,6 +362,29 @@ TEST_CASE("idle connections time out; the connection limit holds", "[net]") {
   CHECK_THAT(server.closed[0].message(), Contains("no frame from client-1"));
   auto third = connect_now(io, config_of(fed.pki, fed.client), server.port());
   CHECK(third.ok());
+}
+
+TEST_CASE("connections beyond max_handshakes wait their turn and all get through", "[net]") {
+  Federation fed;
+  asio::io_context io;
+  auto options = fast_server();
+  options.max_handshakes = 1;
+  LoopbackServer server(io, config_of(fed.pki, fed.server), options);
+  std::vector<std::optional<Result<std::shared_ptr<Connection>>>> results(6);
+  for (auto& result : results) {  // all at once: five wait in the accept queue
+    ClientOptions o;
+    o.host = "127.0.0.1";
+    o.port = server.port();
+    o.server_name = "127.0.0.1";
+    connect(io, client_ctx(config_of(fed.pki, fed.client)), o,
+            [&result](Result<std::shared_ptr<Connection>> r) { result.emplace(std::move(r)); });
+  }
+  REQUIRE(run_until(io, kWait, [&] {
+    return server.accepted.size() == results.size() &&
+           std::all_of(results.begin(), results.end(), [](const auto& r) { return r.has_value(); });
+  }));
+  for (const auto& r : results) CHECK(r->ok());
+  CHECK(server.rejected.empty());
 }
 
 TEST_CASE("backpressure: send refuses beyond the queue limit", "[net]") {
