@@ -408,7 +408,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
 
   // Upload turns: at most options.upload_concurrency uploads stream at once.
   void request_upload_turn(Session& s) {
-    if (uploads_streaming < std::max<uint32_t>(options.upload_concurrency, 1)) {
+    if (uploads_streaming < options.upload_concurrency) {
       return grant_upload(s);
     }
     upload_queue.push_back(s.id);
@@ -428,8 +428,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     if (!s.upload_granted) return;
     s.upload_granted = false;
     --uploads_streaming;
-    while (!upload_queue.empty() &&
-           uploads_streaming < std::max<uint32_t>(options.upload_concurrency, 1)) {
+    while (!upload_queue.empty() && uploads_streaming < options.upload_concurrency) {
       const auto it = sessions.find(upload_queue.front());
       upload_queue.pop_front();
       // Gone, or its upload ended (rejected, round closed) while it waited.
@@ -676,8 +675,10 @@ Result<std::unique_ptr<Aggregator>> Aggregator::create(asio::io_context& io,
                                                        compress::Layout layout,
                                                        std::vector<float> initial, RoundHook hook) {
   ASSIGN_OR_RETURN(const int64_t numel, compress::validate_layout(layout), "aggregator");
-  if (options.download_window_bytes == 0) {
-    return invalid_argument("aggregator: download_window_bytes must be positive");
+  if (options.download_window_bytes == 0 || options.upload_concurrency == 0) {
+    return invalid_argument(
+        "aggregator: download_window_bytes and upload_concurrency must be "
+        "positive");
   }
   if (options.dp.enabled()) {
     if (options.rule.rule != RobustRule::kMean || options.buffer_size > 0) {

@@ -47,7 +47,7 @@ namespace {
 constexpr size_t kReadBytes = 16 * 1024;
 // Written frames kept per connection for reuse (none larger than the frame limit).
 constexpr size_t kMaxSpareFrames = 4;
-// A connection with nothing in flight for this long frees its frame buffers.
+// A direction (reads, writes) quiet for this long frees its frame buffers.
 constexpr auto kTrimAfter = std::chrono::milliseconds(500);
 
 }  // namespace

@@ -6,7 +6,6 @@
 #include <optional>
 #include <set>
 
-#include "core/net/client.h"
 #include "edge_client/model_params.h"
 #include "models/mlp/mlp.h"
 #include "tests/testing/loopback.h"
@@ -52,18 +51,10 @@ TEST_CASE("pumps sharing slots take turns, and a cancelled or destroyed one give
   std::vector<std::shared_ptr<net::Connection>> conns;
   for (int k = 0; k < 4; ++k) {
     const auto node = pki.issue("client-" + std::to_string(k), net::CertRole::kClient);
-    auto ctx = net::make_tls_context({pki.ca_pem(), node.cert_pem, node.key_pem, "", true},
-                                     net::TlsSide::kClient);
-    REQUIRE(ctx.ok());
-    net::ClientOptions co;
-    co.host = "127.0.0.1";
-    co.port = server.port();
-    std::optional<Result<std::shared_ptr<net::Connection>>> conn;
-    net::connect(io, *ctx, co,
-                 [&](Result<std::shared_ptr<net::Connection>> r) { conn.emplace(std::move(r)); });
-    REQUIRE(testing::run_until(io, std::chrono::seconds(5), [&] { return conn.has_value(); }));
-    REQUIRE(conn->ok());
-    conns.push_back(**conn);
+    auto conn = testing::connect_client(io, {pki.ca_pem(), node.cert_pem, node.key_pem, "", true},
+                                        server.port());
+    REQUIRE(conn.ok());
+    conns.push_back(*conn);
     conns.back()->start([](v1::Envelope) {}, [](const Status&) {});
   }
   auto payload = std::make_shared<const std::string>(std::string(300'000, 'p'));

@@ -8,9 +8,11 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
+#include "core/net/client.h"
 #include "core/net/server.h"
 
 namespace starling::testing {
@@ -25,6 +27,26 @@ inline bool run_until(asio::io_context& io, std::chrono::milliseconds deadline,
     io.run_one_for(std::chrono::milliseconds(10));
   }
   return true;
+}
+
+// net::connect() to 127.0.0.1:`port` with `config`'s identity, driven to completion: the
+// connection (not started), the connect error, or DeadlineExceeded after `deadline`.
+// `options` may set the connection options; its host and port are overwritten.
+inline Result<std::shared_ptr<net::Connection>> connect_client(
+    asio::io_context& io, const net::TlsConfig& config, uint16_t port,
+    net::ClientOptions options = {},
+    std::chrono::milliseconds deadline = std::chrono::milliseconds(5000)) {
+  auto ctx = net::make_tls_context(config, net::TlsSide::kClient);
+  if (!ctx.ok()) return ctx.status();
+  options.host = "127.0.0.1";
+  options.port = port;
+  std::optional<Result<std::shared_ptr<net::Connection>>> result;
+  net::connect(io, *ctx, options,
+               [&](Result<std::shared_ptr<net::Connection>> r) { result.emplace(std::move(r)); });
+  if (!run_until(io, deadline, [&] { return result.has_value(); })) {
+    return deadline_exceeded("connect to 127.0.0.1:" + std::to_string(port) + " did not finish");
+  }
+  return std::move(*result);
 }
 
 // A TLS server on 127.0.0.1, port 0, recording connections, messages, rejections and closes.

@@ -35,18 +35,12 @@ TEST_CASE("a transfer larger than the frame limit arrives intact over TLS", "[ne
       io, {pki.ca_pem(), server_node.cert_pem, server_node.key_pem, "", true}, so);
   server.echo = false;
 
-  auto ctx = make_tls_context({pki.ca_pem(), client_node.cert_pem, client_node.key_pem, "", true},
-                              TlsSide::kClient);
-  REQUIRE(ctx.ok());
   ClientOptions co;
-  co.host = "127.0.0.1";
-  co.port = server.port();
   co.connection.max_frame_bytes = kFrameLimit;
-  std::optional<Result<std::shared_ptr<Connection>>> conn;
-  connect(io, *ctx, co, [&](Result<std::shared_ptr<Connection>> r) { conn.emplace(std::move(r)); });
-  REQUIRE(testing::run_until(io, std::chrono::seconds(5), [&] { return conn.has_value(); }));
-  REQUIRE(conn->ok());
-  auto c = **conn;
+  auto conn = testing::connect_client(
+      io, {pki.ca_pem(), client_node.cert_pem, client_node.key_pem, "", true}, server.port(), co);
+  REQUIRE(conn.ok());
+  auto c = *conn;
   c->start([](v1::Envelope) {}, [](const Status&) {});
 
   ChunkSender sender(42, payload, 256 * 1024, "test/bytes");
@@ -93,18 +87,12 @@ TEST_CASE("send_chunk and the chunk handler stream without protobuf copies", "[n
   testing::LoopbackServer server(
       io, {pki.ca_pem(), server_node.cert_pem, server_node.key_pem, "", true}, so);
   server.echo = false;
-  auto ctx = make_tls_context({pki.ca_pem(), client_node.cert_pem, client_node.key_pem, "", true},
-                              TlsSide::kClient);
-  REQUIRE(ctx.ok());
   ClientOptions co;
-  co.host = "127.0.0.1";
-  co.port = server.port();
   co.connection.max_frame_bytes = kFrameLimit;
-  std::optional<Result<std::shared_ptr<Connection>>> conn;
-  connect(io, *ctx, co, [&](Result<std::shared_ptr<Connection>> r) { conn.emplace(std::move(r)); });
-  REQUIRE(testing::run_until(io, std::chrono::seconds(5), [&] { return conn.has_value(); }));
-  REQUIRE(conn->ok());
-  auto c = **conn;
+  auto conn = testing::connect_client(
+      io, {pki.ca_pem(), client_node.cert_pem, client_node.key_pem, "", true}, server.port(), co);
+  REQUIRE(conn.ok());
+  auto c = *conn;
   ChunkSender sender(9, payload, 60'000);
   // Background hashing on one side, inline on the other: both must agree with the sender.
   auto client_rx =
@@ -258,17 +246,10 @@ TEST_CASE("a quiet connection gives back its frame buffers and still works", "[n
   testing::LoopbackServer server(
       io, {pki.ca_pem(), server_node.cert_pem, server_node.key_pem, "", true});
   server.echo = false;
-  auto ctx = make_tls_context({pki.ca_pem(), client_node.cert_pem, client_node.key_pem, "", true},
-                              TlsSide::kClient);
-  REQUIRE(ctx.ok());
-  ClientOptions co;
-  co.host = "127.0.0.1";
-  co.port = server.port();
-  std::optional<Result<std::shared_ptr<Connection>>> conn;
-  connect(io, *ctx, co, [&](Result<std::shared_ptr<Connection>> r) { conn.emplace(std::move(r)); });
-  REQUIRE(testing::run_until(io, std::chrono::seconds(5), [&] { return conn.has_value(); }));
-  REQUIRE(conn->ok());
-  auto c = **conn;
+  auto conn = testing::connect_client(
+      io, {pki.ca_pem(), client_node.cert_pem, client_node.key_pem, "", true}, server.port());
+  REQUIRE(conn.ok());
+  auto c = *conn;
   c->start([](v1::Envelope) {}, [](const Status&) {});
 
   const std::string payload = random_payload(3 * 300'000, 5);

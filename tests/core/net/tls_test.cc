@@ -38,19 +38,13 @@ std::shared_ptr<asio::ssl::context> client_ctx(const TlsConfig& config) {
   return *ctx;
 }
 
-// connect() driven to completion; the result, or a failed REQUIRE on a hang.
+// connect() driven to completion: the result (DeadlineExceeded after kWait).
 Result<std::shared_ptr<Connection>> connect_now(asio::io_context& io, const TlsConfig& config,
                                                 uint16_t port,
                                                 const std::string& server_name = "127.0.0.1") {
-  std::optional<Result<std::shared_ptr<Connection>>> result;
   ClientOptions o;
-  o.host = "127.0.0.1";
-  o.port = port;
   o.server_name = server_name;
-  connect(io, client_ctx(config), o,
-          [&](Result<std::shared_ptr<Connection>> r) { result.emplace(std::move(r)); });
-  REQUIRE(run_until(io, kWait, [&] { return result.has_value(); }));
-  return std::move(*result);
+  return testing::connect_client(io, config, port, o, kWait);
 }
 
 // A TLS client that writes arbitrary bytes: the misbehaving peer of the negative tests.
