@@ -67,6 +67,10 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     float weight = 0.0f;        // of its upload: examples, times the staleness factor (FedBuff)
     std::shared_ptr<edge_client::ChunkPump> pump;
     bool upload_granted = false;  // holds one of the upload turns
+    // While granted: when the last chunk (or the grant) came, and the timer that takes the turn
+    // back from an upload that stops sending (options.upload_stall_timeout).
+    Clock::time_point last_progress;
+    std::unique_ptr<asio::steady_timer> stall_timer;
   };
 
   Impl(asio::io_context& io_ctx, AggregatorOptions opts, compress::Layout lay,
@@ -418,15 +422,48 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     ++uploads_streaming;
     most_streaming = std::max(most_streaming, uploads_streaming);
     s.upload_granted = true;
+    s.last_progress = Clock::now();
+    watch_stall(s, options.upload_stall_timeout);
     v1::Envelope go;
     go.mutable_chunk_ack()->set_transfer_id(s.upload.transfer().transfer_id());
     go.mutable_chunk_ack()->set_next_index(0);
     send(s, go);
   }
 
+  // A granted upload that sends nothing for upload_stall_timeout loses its turn and is rejected,
+  // so a client that stops mid-upload cannot hold a turn until its connection times out.
+  void watch_stall(Session& s, Clock::duration after) {
+    if (!s.stall_timer) s.stall_timer = std::make_unique<asio::steady_timer>(io);
+    s.stall_timer->expires_after(after);
+    s.stall_timer->async_wait([weak = weak_from_this(), id = s.id,
+                               transfer =
+                                   s.upload.transfer().transfer_id()](const asio::error_code& ec) {
+      auto self = weak.lock();
+      if (ec || !self) return;
+      const auto it = self->sessions.find(id);
+      if (it == self->sessions.end()) return;
+      Session& t = it->second;
+      if (!t.upload_granted || !t.rx || t.upload.transfer().transfer_id() != transfer) return;
+      const auto quiet = Clock::now() - t.last_progress;
+      if (quiet < self->options.upload_stall_timeout) {
+        return self->watch_stall(t, self->options.upload_stall_timeout - quiet);
+      }
+      self->reject_update(
+          t,
+          deadline_exceeded(
+              "no chunk for " +
+              std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count()) +
+              " ms after its upload turn began or its last chunk (upload stall "
+              "timeout " +
+              std::to_string(self->options.upload_stall_timeout.count()) +
+              " ms); the turn goes to the next upload"));
+    });
+  }
+
   void end_upload_turn(Session& s) {
     if (!s.upload_granted) return;
     s.upload_granted = false;
+    if (s.stall_timer) s.stall_timer->cancel();
     --uploads_streaming;
     while (!upload_queue.empty() && uploads_streaming < options.upload_concurrency) {
       const auto it = sessions.find(upload_queue.front());
@@ -510,6 +547,13 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
 
   void on_chunk(Session& s, const v1::Chunk& c) {
     if (!s.rx || c.transfer_id() != s.upload.transfer().transfer_id()) return;  // stale
+    // Chunks wait for the grant: a client streaming before its turn would void the bound on
+    // the receive buffers that the turns give.
+    if (!s.upload_granted) {
+      return reject_update(s, invalid_argument("chunk " + std::to_string(c.index()) +
+                                               " sent before the upload was granted its turn"));
+    }
+    s.last_progress = Clock::now();
     const Status st = s.rx->accept(c);
     if (options.monitor) options.monitor->bytes_received(c.data().size());
     if (st.code() == StatusCode::kDataLoss) {

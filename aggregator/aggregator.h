@@ -78,6 +78,10 @@ struct AggregatorOptions {
   // upload (a ChunkAck from index 0); the others wait their turn in arrival order, so a round
   // where thousands of clients finish together holds this many chunk frames, not thousands.
   uint32_t upload_concurrency = 32;
+  // A granted upload that sends no chunk for this long is rejected and its turn goes to the
+  // next one (a client that stalls or vanishes mid-upload cannot hold a turn for the
+  // connection's idle timeout). Chunks sent before the grant reject the upload.
+  std::chrono::milliseconds upload_stall_timeout{30'000};
 };
 
 // What happened in one completed round.

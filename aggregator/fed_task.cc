@@ -164,6 +164,7 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
   check(c.server().download_window_kb() > 0, "server.download_window_kb", "must be positive");
   check(c.server().download_memory_mb() > 0, "server.download_memory_mb", "must be positive");
   check(c.server().upload_concurrency() > 0, "server.upload_concurrency", "must be positive");
+  check(c.server().upload_stall_seconds() > 0, "server.upload_stall_seconds", "must be positive");
   if (!errors.empty()) return invalid_argument("invalid federation config:" + errors);
   return ok_status();
 }
@@ -221,6 +222,7 @@ AggregatorOptions aggregator_options(const v1::FederationConfig& c) {
   o.download_window_bytes = static_cast<size_t>(c.server().download_window_kb()) << 10;
   o.download_memory_bytes = static_cast<uint64_t>(c.server().download_memory_mb()) << 20;
   o.upload_concurrency = c.server().upload_concurrency();
+  o.upload_stall_timeout = std::chrono::seconds(c.server().upload_stall_seconds());
   switch (c.robust().rule()) {
     case v1::FedRobustConfig::MEAN:
       o.rule.rule = RobustRule::kMean;

@@ -40,10 +40,14 @@ TEST_CASE("the IID config is McMahan's setting", "[aggregator]") {
 
 TEST_CASE("bad federation configs name the key", "[aggregator]") {
   v1::FederationConfig c;
-  REQUIRE(config::parse_toml("[rounds]\nfraction = 1.5\n[local]\ncodec = \"zip\"\n", "x.toml", &c)
+  REQUIRE(config::parse_toml(
+              "[server]\nupload_stall_seconds = 0\n[rounds]\nfraction = 1.5\n[local]\ncodec = "
+              "\"zip\"\n",
+              "x.toml", &c)
               .ok());
   const Status st = validate_federation_config(c, "x.toml");
-  CHECK_THAT(st.message(), Contains("rounds.fraction") && Contains("local.codec"));
+  CHECK_THAT(st.message(), Contains("rounds.fraction") && Contains("local.codec") &&
+                               Contains("server.upload_stall_seconds"));
   v1::FederationConfig d;
   const Status unknown = config::parse_toml("[rounds]\nfractoin = 0.5\n", "y.toml", &d);
   CHECK_THAT(unknown.message(), Contains("y.toml:2") && Contains("fraction"));
@@ -62,6 +66,7 @@ metrics_port = 9464
 upload_memory_mb = 8
 spill_dir = "/tmp/spill"
 download_window_kb = 64
+upload_stall_seconds = 5
 [rounds]
 clients_per_round = 7
 min_available = 7
@@ -81,6 +86,7 @@ krum_m = 3
   CHECK(o.upload_memory_bytes == 8u << 20);
   CHECK(o.spill_dir == "/tmp/spill");
   CHECK(o.download_window_bytes == 64u << 10);
+  CHECK(o.upload_stall_timeout == std::chrono::seconds(5));
   CHECK_FALSE(o.dp.enabled());
 
   v1::FederationConfig d;

@@ -3,9 +3,11 @@
 // an aggregator destroyed mid-run resumes from its state directory to the same final model.
 #include <unistd.h>
 
+#include <asio/steady_timer.hpp>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 
@@ -323,8 +325,12 @@ namespace {
 // `payload` as its update.
 struct RawClient {
   RawClient(asio::io_context& io, Federation& fed, int k, uint16_t port, std::string claimed_id,
-            std::string update_bytes)
-      : payload(std::move(update_bytes)) {
+            std::string update_bytes, bool stall_upload = false,
+            std::function<bool()> upload_gate = {})
+      : payload(std::move(update_bytes)),
+        stall(stall_upload),
+        gate(std::move(upload_gate)),
+        poll(io) {
     net::ClientOptions o;
     o.host = "127.0.0.1";
     o.port = port;
@@ -346,8 +352,22 @@ struct RawClient {
   void on_message(v1::Envelope e) {
     if (e.has_round_plan()) plan = e.round_plan();
     if (e.has_error()) errors.push_back(e.error().message());
+    if (e.has_chunk_ack() && e.chunk_ack().next_index() == 0) granted = true;
     if (!e.has_chunk() || sent) return;
     sent = true;  // answer the first chunk of the model; the rest is ignored
+    upload_when_open();
+  }
+
+  // Uploads once `gate` allows (polled), then streams every chunk at once, without waiting for
+  // the grant, or, when `stall`, announces the upload and never sends a chunk.
+  void upload_when_open() {
+    if (gate && !gate()) {
+      poll.expires_after(milliseconds(5));
+      poll.async_wait([this](const asio::error_code& ec) {
+        if (!ec) upload_when_open();
+      });
+      return;
+    }
     net::ChunkSender sender(99, payload, 64);
     v1::Envelope up;
     auto* u = up.mutable_update_upload();
@@ -356,7 +376,7 @@ struct RawClient {
     u->set_num_samples(1);
     *u->mutable_transfer() = sender.header();
     (void)conn->send(up);
-    for (uint64_t i = 0; i < sender.num_chunks(); ++i) {
+    for (uint64_t i = 0; i < sender.num_chunks() && !stall; ++i) {
       v1::Envelope c;
       *c.mutable_chunk() = *sender.chunk(i);
       (void)conn->send(c);
@@ -364,9 +384,13 @@ struct RawClient {
   }
 
   std::string payload;
+  bool stall;
+  std::function<bool()> gate;
+  asio::steady_timer poll;
   std::shared_ptr<net::Connection> conn;
   v1::RoundPlan plan;
   bool sent = false;
+  bool granted = false;  // the aggregator granted the upload its turn
   bool closed = false;
   std::vector<std::string> errors;
 };
@@ -420,6 +444,56 @@ TEST_CASE("a client claiming another identity is refused", "[net]") {
   CHECK(agg->registered_clients() == 0);
   REQUIRE_FALSE(impostor.errors.empty());
   CHECK_THAT(impostor.errors[0], Catch::Contains("certificate names 'client-1'"));
+}
+
+TEST_CASE("a stalled upload loses its turn and chunks sent before the turn are refused", "[net]") {
+  Federation fed;
+  asio::io_context io;
+  auto o = fed.options(1);
+  o.clients_per_round = 3;
+  o.min_available = 3;
+  o.round_deadline = milliseconds(15'000);  // only the stall timeout can end the round early
+  o.upload_concurrency = 1;
+  o.upload_stall_timeout = milliseconds(300);
+  std::vector<RoundReport> reports;
+  auto agg_r =
+      Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o, test_layout(),
+                         initial_model(), [&](const RoundReport& r, std::span<const float>) {
+                           reports.push_back(r);
+                           return true;
+                         });
+  REQUIRE(agg_r.ok());
+  auto& agg = *agg_r;
+  compress::EncodedUpdate ones;
+  ones.numel = kNumel;
+  compress::Segment seg;
+  seg.numel = kNumel;
+  seg.shape = {kNumel};
+  seg.f32.assign(kNumel, 1.0f);
+  ones.segments.push_back(seg);
+  const std::string valid = compress::serialize_update(ones);
+  // Client 1 takes the only turn and never sends a chunk; client 2 uploads only once client 1
+  // holds the turn, and streams its (valid) chunks without waiting for its own grant.
+  RawClient staller(io, fed, 1, agg->port(), "client-1", valid, /*stall_upload=*/true);
+  RawClient eager(io, fed, 2, agg->port(), "client-2", valid, false,
+                  [&] { return staller.granted; });
+  FormulaTrainer honest(0);
+  auto good = fed.start_client(io, 0, agg->port(), honest);
+
+  REQUIRE(run_until(
+      io, kWait, [&] { return agg->done() && !staller.errors.empty() && !eager.errors.empty(); }));
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].updates == 1);
+  CHECK(reports[0].rejected == 2);
+  CHECK(reports[0].seconds < 10.0);  // ended by the stall timeout, not the 15 s deadline
+  CHECK(reports[0].most_uploads_streaming == 1);
+  REQUIRE_FALSE(staller.errors.empty());
+  CHECK_THAT(staller.errors[0], Catch::Contains("no chunk for"));
+  REQUIRE_FALSE(eager.errors.empty());
+  CHECK_THAT(eager.errors[0], Catch::Contains("before the upload was granted its turn"));
+  // Only the honest update was folded.
+  const auto init = initial_model();
+  for (int64_t i = 0; i < kNumel; ++i) CHECK(agg->global()[i] == init[i] + formula_delta(0, 1, i));
 }
 
 }  // namespace
