@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "aggregator/fed_task.h"
+#include "core/data/data_dir.h"
 #include "edge_client/ddpm_trainer.h"
 #include "edge_client/gpt_trainer.h"
 #include "edge_client/mdlm_trainer.h"
@@ -179,19 +180,52 @@ Result<std::unique_ptr<SimTask>> make_mdlm_task(const v1::FederationConfig& c,
                                                minor));
 }
 
-Result<std::unique_ptr<SimTask>> make_ddpm_task(const v1::FederationConfig& c,
-                                                std::string_view source) {
-  const std::string ctx = std::string(source) + ": data";
-  ASSIGN_OR_RETURN(auto train, aggregator::load_split(c, true), ctx);
+Status check_ddpm_images(const v1::FederationConfig& c, std::string_view source,
+                         const data::MnistSet& images) {
   const auto options = edge_client::ddpm_trainer_options(c);
-  if (train->rows != options.model.unet.image_size ||
-      train->cols != options.model.unet.image_size || options.model.unet.in_channels != 1) {
+  if (images.rows != options.model.unet.image_size ||
+      images.cols != options.model.unet.image_size || options.model.unet.in_channels != 1) {
     return invalid_argument(fmt::format(
         "{}: keys 'model.ddpm.image_size' = {} and 'model.ddpm.image_channels' = {} do not match "
         "{} ({}x{}, 1 channel)",
         source, options.model.unet.image_size, options.model.unet.in_channels, c.data().dataset(),
-        train->rows, train->cols));
+        images.rows, images.cols));
   }
+  return ok_status();
+}
+
+Result<std::unique_ptr<edge_client::LocalTrainer>> make_ddpm_client_trainer(
+    const v1::FederationConfig& c, std::string_view source, int partition, int64_t* images) {
+  RETURN_IF_ERROR(aggregator::validate_federation_config(c, source));
+  const std::string ctx = std::string(source) + ": data";
+  ASSIGN_OR_RETURN(auto dir, data::resolve_data_dir(c.data().data_dir()), ctx);
+  auto choose = [&](const data::MnistSet& labels) -> Result<std::vector<int64_t>> {
+    ASSIGN_OR_RETURN(auto parts, aggregator::make_partition(c, labels));
+    if (partition < 0 || static_cast<size_t>(partition) >= parts.size()) {
+      return invalid_argument("partition " + std::to_string(partition) + " outside [0, " +
+                              std::to_string(parts.size()) + ")");
+    }
+    if (parts[static_cast<size_t>(partition)].empty()) {
+      return failed_precondition("partition " + std::to_string(partition) + " has no images");
+    }
+    return std::move(parts[static_cast<size_t>(partition)]);
+  };
+  ASSIGN_OR_RETURN(data::MnistSet own,
+                   data::load_mnist_split_subset(dir, c.data().dataset(), true, choose), ctx);
+  RETURN_IF_ERROR(check_ddpm_images(c, source, own));
+  std::vector<int64_t> indices(static_cast<size_t>(own.size()));
+  for (size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<int64_t>(i);
+  *images = own.size();
+  return std::unique_ptr<edge_client::LocalTrainer>(std::make_unique<edge_client::DdpmTrainer>(
+      std::make_shared<const data::MnistSet>(std::move(own)), std::move(indices),
+      edge_client::ddpm_trainer_options(c)));
+}
+
+Result<std::unique_ptr<SimTask>> make_ddpm_task(const v1::FederationConfig& c,
+                                                std::string_view source) {
+  const std::string ctx = std::string(source) + ": data";
+  ASSIGN_OR_RETURN(auto train, aggregator::load_split(c, true), ctx);
+  RETURN_IF_ERROR(check_ddpm_images(c, source, *train));
   std::shared_ptr<const data::MnistSet> test;
   if (c.eval().every_rounds() > 0) {
     ASSIGN_OR_RETURN(test, aggregator::load_split(c, false), ctx);

@@ -22,6 +22,7 @@
 #include "edge_client/fed_config.h"
 #include "edge_client/mnist_trainer.h"
 #include "edge_client/preflight.h"
+#include "sim/diffusion_task.h"
 #include "sim/task.h"
 
 namespace starling::apps {
@@ -80,30 +81,47 @@ Result<std::shared_ptr<const data::MnistSet>> load_own_examples(const Setup& s,
   return std::make_shared<const data::MnistSet>(std::move(own));
 }
 
-// GPT, MDLM and DDPM clients: the trainer of this partition from the SimTask (Shakespeare by role
-// or an image partition). The trainer shares the task's training data (the whole split: unlike
-// the MNIST classifier clients, these do not load only their own examples); no test split.
-Status run_task_client(const ClientArgs& args, const Setup& s) {
+// The trainer of this client's partition for GPT, MDLM and DDPM. A DDPM client loads only its
+// own images, as the classifier clients do (the MNIST training split is 188 MB as floats); GPT
+// and MDLM clients take their speaking roles from the SimTask's split of Tiny Shakespeare (about
+// 1 MB of text in all). `describe` receives what was loaded.
+Result<std::unique_ptr<edge_client::LocalTrainer>> make_task_trainer(const ClientArgs& args,
+                                                                     const Setup& s,
+                                                                     std::string* describe) {
   v1::FederationConfig cfg = s.cfg;
   cfg.mutable_eval()->set_every_rounds(0);  // evaluation is the aggregator's
+  if (cfg.model().arch() == v1::FedModelConfig::DDPM) {
+    int64_t images = 0;
+    ASSIGN_OR_RETURN(auto trainer, sim::make_ddpm_client_trainer(
+                                       cfg, args.config, static_cast<int>(s.partition), &images));
+    *describe = "partition " + std::to_string(s.partition) + ": " + std::to_string(images) +
+                " images of " + cfg.data().dataset() + " (only these loaded), DDPM U-Net";
+    return trainer;
+  }
   ASSIGN_OR_RETURN(auto task, sim::SimTask::create(cfg, args.config));
   if (static_cast<int>(s.partition) >= task->num_clients()) {
     return invalid_argument(args.config + ": partition " + std::to_string(s.partition) +
                             " >= the task's " + std::to_string(task->num_clients()) + " clients (" +
                             task->describe() + ")");
   }
-  auto trainer = task->make_trainer(static_cast<int>(s.partition));
-  task.reset();
+  *describe = task->describe();
+  return task->make_trainer(static_cast<int>(s.partition));
+}
+
+Status run_task_client(const ClientArgs& args, const Setup& s) {
+  std::string loaded;
+  ASSIGN_OR_RETURN(auto trainer, make_task_trainer(args, s, &loaded));
   ASSIGN_OR_RETURN(auto ctx, net::make_tls_context(s.tls, net::TlsSide::kClient));
   auto options = edge_client::edge_client_options(s.cfg, s.node_id, 0, s.partition + 1);
   asio::io_context io;
-  spdlog::info("client {}: partition {}, aggregator {}:{}, state {}", s.node_id, s.partition,
-               options.connect.host, options.connect.port,
-               options.state_path.empty() ? "in memory" : options.state_path);
+  spdlog::info("client {}: {}, aggregator {}:{}, state {}", s.node_id, loaded, options.connect.host,
+               options.connect.port, options.state_path.empty() ? "in memory" : options.state_path);
   edge_client::EdgeClient client(io, ctx, options, *trainer);
   client.start();
   run_while(io, [&] { return client.stopped(); });
-  spdlog::info("client {}: {} rounds trained", s.node_id, client.rounds_trained());
+  const auto peak = edge_client::peak_rss_bytes();
+  spdlog::info("client {}: {} rounds trained, peak RSS {:.1f} MiB", s.node_id,
+               client.rounds_trained(), peak.ok() ? static_cast<double>(*peak) / (1 << 20) : 0.0);
   return client.error();
 }
 
@@ -156,8 +174,9 @@ int run_check(const ClientArgs& args) {
 
   std::vector<int64_t> indices;
   if (sim::is_task_model(s->cfg)) {
-    auto task = sim::SimTask::create(s->cfg, args.config);
-    report("data", task.status(), task.ok() ? (*task)->describe() : "");
+    std::string loaded;
+    auto trainer = make_task_trainer(args, *s, &loaded);
+    report("data", trainer.status(), loaded);
   }
   auto own = sim::is_task_model(s->cfg)
                  ? Result<std::shared_ptr<const data::MnistSet>>(

@@ -1,6 +1,7 @@
 // Federations of the diffusion models (model.arch MDLM and DDPM): one in-process round equals the
 // weighted average of the clients' updates, the model saved is a checkpoint `starling sample`
 // reads, config errors name the key, and the configs/fed_{mdlm,ddpm}_*.toml files load.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include "core/data/data_dir.h"
 #include "models/ddpm/checkpoint.h"
 #include "models/mdlm/checkpoint.h"
+#include "sim/diffusion_task.h"
 #include "sim/engine.h"
 #include "sim/task.h"
 
@@ -239,6 +241,47 @@ TEST_CASE("a federated DDPM round is the weighted average of its clients' update
   const TaskEval e = (*task)->evaluate((*task)->initial_model());
   CHECK(e.loss > 0.5);  // an untrained denoiser explains little of the noise
   CHECK(e.accuracy == Approx(1.0 - e.loss));
+}
+
+TEST_CASE("a DDPM edge client loads only its partition and trains as the task's client does",
+          "[sim]") {
+  if (!have_data("mnist/train-images-idx3-ubyte.gz")) return;
+  auto cfg = parse(kDdpm);
+  cfg.mutable_eval()->set_every_rounds(0);
+  auto task = SimTask::create(cfg, "ddpm.toml");
+  REQUIRE(task.ok());
+  v1::RoundPlan plan;
+  plan.set_round(1);
+  plan.set_local_steps(2);
+  plan.set_batch_size(2);
+  plan.set_learning_rate(0.05f);
+  plan.set_seed(77);
+  const auto global = (*task)->initial_model();
+  for (int k : {0, 2}) {
+    int64_t images = 0;
+    auto own = make_ddpm_client_trainer(cfg, "ddpm.toml", k, &images);
+    INFO(own.status().to_string());
+    REQUIRE(own.ok());
+    auto shared = (*task)->make_trainer(k);
+    std::vector<float> a(global.size()), b(global.size());
+    auto ra = (*own)->train(global, plan, a);
+    auto rb = shared->train(global, plan, b);
+    REQUIRE(ra.ok());
+    REQUIRE(rb.ok());
+    CHECK(ra->num_samples == static_cast<uint64_t>(images));
+    CHECK(ra->num_samples == rb->num_samples);
+    CHECK(ra->loss == rb->loss);
+    CHECK(a == b);  // bit for bit: the same images in the same order
+    CHECK(std::any_of(a.begin(), a.end(), [](float x) { return x != 0.0f; }));
+  }
+  int64_t images = 0;
+  auto outside = make_ddpm_client_trainer(cfg, "ddpm.toml", 3, &images);
+  REQUIRE_FALSE(outside.ok());
+  CHECK_THAT(outside.status().message(), Contains("ddpm.toml") && Contains("partition 3"));
+  cfg.mutable_model()->mutable_ddpm()->set_image_size(32);
+  auto wrong = make_ddpm_client_trainer(cfg, "ddpm.toml", 0, &images);
+  REQUIRE_FALSE(wrong.ok());
+  CHECK_THAT(wrong.status().message(), Contains("model.ddpm.image_size"));
 }
 
 TEST_CASE("diffusion federation config errors name the key", "[sim]") {
