@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +13,7 @@
 #include <new>
 #include <sstream>
 
+#include "core/tensor/device_backend.h"
 #include "core/util/rng.h"
 
 namespace starling {
@@ -151,7 +154,60 @@ Storage::Storage(size_t nbytes, bool zero) : nbytes_(nbytes) {
   if (zero) std::memset(data_, 0, alloc);
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::Storage(void* data, size_t nbytes, Device device, DeviceBackend* backend)
+    : data_(data), nbytes_(nbytes), device_(device), backend_(backend) {}
+
+Storage::~Storage() {
+  if (backend_ != nullptr) {
+    if (data_ != nullptr) backend_->release(device_.index, data_, nbytes_);
+  } else {
+    std::free(data_);
+  }
+}
+
+namespace {
+std::array<std::atomic<DeviceBackend*>, 2> g_backends{};  // by DeviceType
+}  // namespace
+
+DeviceBackend* device_backend(DeviceType type) {
+  const auto i = static_cast<size_t>(type);
+  return i < g_backends.size() ? g_backends[i].load() : nullptr;
+}
+
+DeviceBackend* install_device_backend(DeviceType type, DeviceBackend* backend) {
+  const auto i = static_cast<size_t>(type);
+  STARLING_TCHECK(type != DeviceType::kCPU && i < g_backends.size(),
+                  "install_device_backend: not a device type with a backend");
+  return g_backends[i].exchange(backend);
+}
+
+std::string device_str(Device d) {
+  if (d.is_cpu()) return "cpu";
+  return std::string(d.type == DeviceType::kCUDA ? "cuda" : "device") + ":" +
+         std::to_string(d.index);
+}
+
+Result<std::shared_ptr<Storage>> Storage::on_device(size_t nbytes, Device device) {
+  if (device.is_cpu()) return std::make_shared<Storage>(nbytes);
+  DeviceBackend* backend = device_backend(device.type);
+  if (backend == nullptr) {
+    return failed_precondition(device_str(device) +
+                               ": no backend for this device type in this process (a CPU-only "
+                               "build, or the CUDA backend not installed)");
+  }
+  const int count = backend->device_count();
+  if (device.index < 0 || device.index >= count) {
+    return invalid_argument(device_str(device) + ": no such device (" + std::to_string(count) +
+                            " present)");
+  }
+  void* p = nullptr;
+  if (nbytes > 0) {
+    auto r = backend->allocate(device.index, nbytes);
+    if (!r.ok()) return r.status().with_context(device_str(device));
+    p = *r;
+  }
+  return std::shared_ptr<Storage>(new Storage(p, nbytes, device, backend));
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
   for (int64_t d : shape)
@@ -178,6 +234,62 @@ Tensor Tensor::uninitialized(const Shape& shape, DType dtype) {
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype) { return empty(shape, dtype); }
+
+Result<Tensor> Tensor::zeros_on(const Shape& shape, DType dtype, Device device) {
+  if (device.is_cpu()) return zeros(shape, dtype);
+  for (int64_t d : shape) {
+    if (d < 0) return invalid_argument("negative dimension in shape " + shape_str(shape));
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  ASSIGN_OR_RETURN(
+      impl->storage,
+      Storage::on_device(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device));
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  impl->device = device;
+  return Tensor(std::move(impl));
+}
+
+Result<Tensor> Tensor::to(Device device) const {
+  STARLING_TCHECK(impl_ != nullptr, "to(device) of an undefined tensor");
+  if (device == impl_->device) return *this;
+  Tensor host;
+  if (is_cpu()) {
+    host = contiguous();
+  } else {
+    // The device bytes this view reaches (only its own range when contiguous), then the view's
+    // layout applied on the host.
+    DeviceBackend* backend = device_backend(impl_->device.type);
+    const size_t es = dtype_size(dtype());
+    const bool dense = is_contiguous();
+    const size_t from = dense ? static_cast<size_t>(impl_->offset) * es : 0;
+    const size_t bytes = dense ? nbytes() : impl_->storage->nbytes();
+    auto staging = std::make_shared<Storage>(bytes, false);
+    if (bytes > 0) {
+      RETURN_IF_ERROR(
+          backend->copy(staging->data(), static_cast<const char*>(impl_->storage->data()) + from,
+                        bytes, DeviceBackend::Direction::kDeviceToHost, impl_->device.index),
+          device_str(impl_->device) + " to host");
+    }
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = std::move(staging);
+    impl->shape = impl_->shape;
+    impl->strides = impl_->strides;
+    impl->offset = dense ? 0 : impl_->offset;
+    impl->dtype = impl_->dtype;
+    host = Tensor(std::move(impl)).contiguous();
+  }
+  if (device.is_cpu()) return host;
+  ASSIGN_OR_RETURN(Tensor out, zeros_on(shape(), dtype(), device));
+  if (out.nbytes() > 0) {
+    RETURN_IF_ERROR(device_backend(device.type)
+                        ->copy(out.impl_->storage->data(), host.raw_data(), out.nbytes(),
+                               DeviceBackend::Direction::kHostToDevice, device.index),
+                    "host to " + device_str(device));
+  }
+  return out;
+}
 
 Tensor Tensor::ones(const Shape& shape, DType dtype) { return full(shape, 1.0, dtype); }
 
@@ -251,6 +363,23 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+void Tensor::check_host() const {
+  STARLING_TCHECK(impl_ != nullptr, "access to an undefined tensor");
+  STARLING_TCHECK(impl_->device.is_cpu(),
+                  "host access to a tensor on " + device_str(impl_->device) +
+                      ": CPU kernels read host memory only; copy it with to(Device::cpu())");
+}
+
+namespace {
+// The host copy of a device tensor for reading its values (aborts if the copy fails).
+Tensor host_copy(const Tensor& t) {
+  auto h = t.to(Device::cpu());
+  STARLING_TCHECK(h.ok(),
+                  "reading a tensor on " + device_str(t.device()) + ": " + h.status().to_string());
+  return *h;
+}
+}  // namespace
+
 void Tensor::check_dtype(DType t) const {
   STARLING_TCHECK(impl_ != nullptr, "access to an undefined tensor");
   STARLING_TCHECK(t == impl_->dtype, std::string("tensor holds ") +
@@ -259,6 +388,7 @@ void Tensor::check_dtype(DType t) const {
 }
 
 std::vector<float> Tensor::to_float_vector() const {
+  if (!is_cpu()) return host_copy(*this).to_float_vector();
   std::vector<float> out(static_cast<size_t>(numel()));
   const void* base = impl_->storage->data();
   const DType t = dtype();
@@ -269,6 +399,7 @@ std::vector<float> Tensor::to_float_vector() const {
 }
 
 std::vector<double> Tensor::to_double_vector() const {
+  if (!is_cpu()) return host_copy(*this).to_double_vector();
   std::vector<double> out(static_cast<size_t>(numel()));
   const void* base = impl_->storage->data();
   const DType t = dtype();
@@ -280,6 +411,7 @@ std::vector<double> Tensor::to_double_vector() const {
 
 double Tensor::item() const {
   STARLING_TCHECK(numel() == 1, "item() on a tensor of shape " + shape_str(shape()));
+  if (!is_cpu()) return host_copy(*this).item();
   return load_as_double(impl_->storage->data(), dtype(), impl_->offset);
 }
 
@@ -395,6 +527,27 @@ Tensor Tensor::contiguous() const {
 }
 
 Tensor Tensor::clone() const {
+  if (!is_cpu() && is_contiguous()) {  // device to device
+    auto out = zeros_on(shape(), dtype(), device());
+    STARLING_TCHECK(out.ok(),
+                    "clone() on " + device_str(device()) + ": " + out.status().to_string());
+    if (nbytes() > 0) {
+      const Status st =
+          device_backend(device().type)
+              ->copy(out->impl_->storage->data(),
+                     static_cast<const char*>(impl_->storage->data()) +
+                         impl_->offset * dtype_size(dtype()),
+                     nbytes(), DeviceBackend::Direction::kDeviceToDevice, device().index);
+      STARLING_TCHECK(st.ok(), "clone() on " + device_str(device()) + ": " + st.to_string());
+    }
+    return *out;
+  }
+  if (!is_cpu()) {  // a strided view: laid out contiguously through the host
+    auto back = host_copy(*this).to(device());
+    STARLING_TCHECK(back.ok(),
+                    "clone() on " + device_str(device()) + ": " + back.status().to_string());
+    return *back;
+  }
   Tensor out = empty(shape(), dtype());
   out.copy_from(*this);
   return out;
@@ -475,7 +628,9 @@ Tensor Tensor::detach() const {
 std::string Tensor::to_string(int64_t max_elems) const {
   if (!defined()) return "Tensor(undefined)";
   std::ostringstream os;
-  os << "Tensor(" << dtype_name(dtype()) << ", " << shape_str(shape()) << ", [";
+  os << "Tensor(" << dtype_name(dtype()) << ", " << shape_str(shape());
+  if (!is_cpu()) os << ", " << device_str(device());
+  os << ", [";
   const auto v = to_double_vector();
   for (int64_t i = 0; i < std::min<int64_t>(max_elems, numel()); ++i) os << (i ? ", " : "") << v[i];
   if (numel() > max_elems) os << ", ...";

@@ -27,16 +27,26 @@ struct Device {
   DeviceType type = DeviceType::kCPU;
   int index = 0;
   bool operator==(const Device&) const = default;
+  static Device cpu() { return {}; }
+  static Device cuda(int index = 0) { return {DeviceType::kCUDA, index}; }
+  bool is_cpu() const { return type == DeviceType::kCPU; }
 };
+std::string device_str(Device d);  // "cpu", "cuda:0"
+
+class DeviceBackend;
 
 std::string shape_str(const Shape& s);  // "(2, 3)"
 int64_t shape_numel(const Shape& s);
 Strides contiguous_strides(const Shape& s);
 
-// Owns one aligned block of bytes. Thread-compatible.
+// Owns one block of bytes: 64-byte aligned host memory, or memory of a device from its
+// DeviceBackend (core/tensor/device_backend.h). Thread-compatible.
 class Storage {
  public:
   explicit Storage(size_t nbytes, bool zero = true);
+  // Zeroed bytes on `device` (the CPU, or a device whose backend is installed). Errors name the
+  // device: no backend installed, an index not present, out of memory.
+  static Result<std::shared_ptr<Storage>> on_device(size_t nbytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -44,10 +54,14 @@ class Storage {
   void* data() { return data_; }
   const void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
 
  private:
+  Storage(void* data, size_t nbytes, Device device, DeviceBackend* backend);
   void* data_ = nullptr;
   size_t nbytes_ = 0;
+  Device device_;
+  DeviceBackend* backend_ = nullptr;  // null for host memory
 };
 
 struct TensorImpl {
@@ -85,6 +99,8 @@ class Tensor {
                       DType dtype = DType::kF32);
   static Tensor uniform(const Shape& shape, class Rng& rng, double lo, double hi,
                         DType dtype = DType::kF32);
+  // Zeros on `device` (any device; the CPU gives zeros()). Errors name the device.
+  static Result<Tensor> zeros_on(const Shape& shape, DType dtype, Device device);
 
   bool defined() const { return impl_ != nullptr; }
   const std::shared_ptr<TensorImpl>& impl() const { return impl_; }
@@ -102,19 +118,32 @@ class Tensor {
   // True when both share the same storage.
   bool shares_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
 
-  // Typed pointer to the first element. REQUIRES: dtype matches T (checked, aborts otherwise).
+  // Typed host pointer to the first element. REQUIRES: dtype matches T and the tensor is on
+  // the CPU (both checked, aborting with the reason: CPU kernels never read device memory).
   template <typename T>
   T* data() const {
     check_dtype(dtype_of<T>());
+    check_host();
     return static_cast<T*>(impl_->storage->data()) + impl_->offset;
   }
   void* raw_data() const {
+    check_host();
     return static_cast<char*>(impl_->storage->data()) + impl_->offset * dtype_size(dtype());
   }
-  // Contiguous copy of the values as float / double (any dtype).
+  // The first element's address in the memory of the tensor's device (kernels of that device).
+  template <typename T>
+  T* device_data() const {
+    check_dtype(dtype_of<T>());
+    return static_cast<T*>(impl_->storage->data()) + impl_->offset;
+  }
+  bool is_cpu() const { return impl_->device.is_cpu(); }
+  // A copy on `device` with the same shape, dtype and values (contiguous); this when already
+  // there. Goes through host memory between devices. Errors name the device.
+  Result<Tensor> to(Device device) const;
+  // Contiguous copy of the values as float / double (any dtype, any device).
   std::vector<float> to_float_vector() const;
   std::vector<double> to_double_vector() const;
-  double item() const;  // REQUIRES: numel() == 1
+  double item() const;  // REQUIRES: numel() == 1 (any device)
 
   // Views without copies (share storage). A view aliases its base.
   Tensor view(const Shape& shape) const;     // REQUIRES: contiguous; one dim may be -1
@@ -127,7 +156,7 @@ class Tensor {
   Tensor squeeze(int64_t dim) const;
 
   Tensor contiguous() const;     // this if already contiguous
-  Tensor clone() const;          // always a fresh contiguous copy, no autograd history
+  Tensor clone() const;          // always a fresh contiguous copy, no autograd history (any device)
   Tensor to(DType dtype) const;  // converted copy (this if same dtype)
   // Copies values from src (same shape; any dtypes) into this tensor's elements.
   void copy_from(const Tensor& src);
@@ -148,6 +177,7 @@ class Tensor {
 
  private:
   void check_dtype(DType t) const;
+  void check_host() const;
   std::shared_ptr<TensorImpl> impl_;
 };
 
