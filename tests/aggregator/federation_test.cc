@@ -103,9 +103,18 @@ struct Federation {
     return o;
   }
 
-  std::unique_ptr<Aggregator> start_aggregator(asio::io_context& io, AggregatorOptions o) {
+  // With `reports`: every completed round's report is appended there.
+  std::unique_ptr<Aggregator> start_aggregator(asio::io_context& io, AggregatorOptions o,
+                                               std::vector<RoundReport>* reports = nullptr) {
+    Aggregator::RoundHook hook;
+    if (reports != nullptr) {
+      hook = [reports](const RoundReport& r, std::span<const float>) {
+        reports->push_back(r);
+        return true;
+      };
+    }
     auto agg = Aggregator::create(io, ctx_of(pki, server, net::TlsSide::kServer), std::move(o),
-                                  test_layout(), initial_model());
+                                  test_layout(), initial_model(), std::move(hook));
     REQUIRE(agg.ok());
     return std::move(*agg);
   }
@@ -141,6 +150,20 @@ std::vector<float> expected_fedavg(uint64_t rounds) {
     }
   }
   return std::vector<float>(g.begin(), g.end());
+}
+
+// A serialized update of kNumel copies of `value` (one dense f32 segment), with a NaN at
+// `nan_at` when it is a valid index.
+std::string dense_update(float value, int64_t nan_at = -1) {
+  compress::EncodedUpdate u;
+  u.numel = kNumel;
+  compress::Segment seg;
+  seg.numel = kNumel;
+  seg.shape = {kNumel};
+  seg.f32.assign(kNumel, value);
+  if (nan_at >= 0 && nan_at < kNumel) seg.f32[nan_at] = std::numeric_limits<float>::quiet_NaN();
+  u.segments.push_back(seg);
+  return compress::serialize_update(u);
 }
 
 bool bit_equal(std::span<const float> a, std::span<const float> b) {
@@ -180,25 +203,19 @@ TEST_CASE("uploads and downloads taking turns one at a time still average bit fo
   o.upload_concurrency = 1;
   o.download_memory_bytes = o.download_window_bytes;  // one download at a time
   std::vector<RoundReport> reports;
-  auto agg =
-      Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o, test_layout(),
-                         initial_model(), [&](const RoundReport& r, std::span<const float>) {
-                           reports.push_back(r);
-                           return true;
-                         });
-  REQUIRE(agg.ok());
+  auto agg = fed.start_aggregator(io, o, &reports);
   std::vector<std::unique_ptr<FormulaTrainer>> trainers;
   std::vector<std::unique_ptr<EdgeClient>> clients;
   for (int k = 0; k < 4; ++k) {
     trainers.push_back(std::make_unique<FormulaTrainer>(k));
-    clients.push_back(fed.start_client(io, k, (*agg)->port(), *trainers.back()));
+    clients.push_back(fed.start_client(io, k, agg->port(), *trainers.back()));
   }
   REQUIRE(run_until(io, kWait, [&] {
-    return (*agg)->done() &&
+    return agg->done() &&
            std::all_of(clients.begin(), clients.end(), [](const auto& c) { return c->finished(); });
   }));
-  CHECK((*agg)->error().ok());
-  CHECK(bit_equal((*agg)->global(), expected_fedavg(2)));
+  CHECK(agg->error().ok());
+  CHECK(bit_equal(agg->global(), expected_fedavg(2)));
   REQUIRE(reports.size() == 2);
   for (const auto& r : reports) {
     CHECK(r.updates == 4);
@@ -236,14 +253,7 @@ TEST_CASE("over-selection closes a round with the first updates", "[net]") {
   o.clients_per_round = 2;
   o.over_selection = 1.0;  // 4 selected, 2 awaited
   std::vector<RoundReport> reports;
-  auto agg_r =
-      Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o, test_layout(),
-                         initial_model(), [&](const RoundReport& r, std::span<const float>) {
-                           reports.push_back(r);
-                           return true;
-                         });
-  REQUIRE(agg_r.ok());
-  auto& agg = *agg_r;
+  auto agg = fed.start_aggregator(io, o, &reports);
   std::vector<std::unique_ptr<FormulaTrainer>> trainers;
   std::vector<std::unique_ptr<EdgeClient>> clients;
   for (int k = 0; k < 4; ++k) {
@@ -402,23 +412,8 @@ TEST_CASE("non-finite and malformed updates are rejected, never folded", "[net]"
   o.clients_per_round = 3;
   o.min_available = 3;
   std::vector<RoundReport> reports;
-  auto agg_r =
-      Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o, test_layout(),
-                         initial_model(), [&](const RoundReport& r, std::span<const float>) {
-                           reports.push_back(r);
-                           return true;
-                         });
-  REQUIRE(agg_r.ok());
-  auto& agg = *agg_r;
-  compress::EncodedUpdate nan_update;
-  nan_update.numel = kNumel;
-  compress::Segment seg;
-  seg.numel = kNumel;
-  seg.shape = {kNumel};
-  seg.f32.assign(kNumel, 1.0f);
-  seg.f32[3] = std::numeric_limits<float>::quiet_NaN();
-  nan_update.segments.push_back(seg);
-  RawClient nan_client(io, fed, 1, agg->port(), "client-1", compress::serialize_update(nan_update));
+  auto agg = fed.start_aggregator(io, o, &reports);
+  RawClient nan_client(io, fed, 1, agg->port(), "client-1", dense_update(1.0f, /*nan_at=*/3));
   RawClient junk_client(io, fed, 2, agg->port(), "client-2", std::string(100, '\xff'));
   FormulaTrainer honest(0);
   auto good = fed.start_client(io, 0, agg->port(), honest);
@@ -456,22 +451,8 @@ TEST_CASE("a stalled upload loses its turn and chunks sent before the turn are r
   o.upload_concurrency = 1;
   o.upload_stall_timeout = milliseconds(300);
   std::vector<RoundReport> reports;
-  auto agg_r =
-      Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o, test_layout(),
-                         initial_model(), [&](const RoundReport& r, std::span<const float>) {
-                           reports.push_back(r);
-                           return true;
-                         });
-  REQUIRE(agg_r.ok());
-  auto& agg = *agg_r;
-  compress::EncodedUpdate ones;
-  ones.numel = kNumel;
-  compress::Segment seg;
-  seg.numel = kNumel;
-  seg.shape = {kNumel};
-  seg.f32.assign(kNumel, 1.0f);
-  ones.segments.push_back(seg);
-  const std::string valid = compress::serialize_update(ones);
+  auto agg = fed.start_aggregator(io, o, &reports);
+  const std::string valid = dense_update(1.0f);
   // Client 1 takes the only turn and never sends a chunk; client 2 uploads only once client 1
   // holds the turn, and streams its (valid) chunks without waiting for its own grant.
   RawClient staller(io, fed, 1, agg->port(), "client-1", valid, /*stall_upload=*/true);
@@ -509,14 +490,7 @@ TEST_CASE("FedBuff steps the model every buffer_size updates", "[net]") {
   o.buffer_size = 2;
   o.clients_per_round = 3;  // three train at any time
   std::vector<RoundReport> reports;
-  auto agg_r =
-      Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o, test_layout(),
-                         initial_model(), [&](const RoundReport& r, std::span<const float>) {
-                           reports.push_back(r);
-                           return true;
-                         });
-  REQUIRE(agg_r.ok());
-  auto& agg = *agg_r;
+  auto agg = fed.start_aggregator(io, o, &reports);
   std::vector<std::unique_ptr<FormulaTrainer>> trainers;
   std::vector<std::unique_ptr<EdgeClient>> clients;
   for (int k = 0; k < 4; ++k) {
@@ -565,14 +539,7 @@ TEST_CASE("Multi-Krum over TLS leaves the Byzantine client out", "[net][krum]") 
   o.rule.rule = RobustRule::kMultiKrum;
   o.rule.byzantine_f = 1;  // n = 5 = 2f + 3; m = n - f = 4
   std::vector<RoundReport> reports;
-  auto agg_r =
-      Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o, test_layout(),
-                         initial_model(), [&](const RoundReport& r, std::span<const float>) {
-                           reports.push_back(r);
-                           return true;
-                         });
-  REQUIRE(agg_r.ok());
-  auto& agg = *agg_r;
+  auto agg = fed.start_aggregator(io, o, &reports);
   std::vector<std::unique_ptr<LocalTrainer>> trainers;
   std::vector<std::unique_ptr<EdgeClient>> clients;
   for (int k = 0; k < 5; ++k) {
@@ -616,14 +583,7 @@ TEST_CASE("central DP clips, averages over the target, adds seeded noise, report
   REQUIRE(monitor.ok());
   o.monitor = *monitor;
   std::vector<RoundReport> reports;
-  auto agg_r =
-      Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o, test_layout(),
-                         initial_model(), [&](const RoundReport& r, std::span<const float>) {
-                           reports.push_back(r);
-                           return true;
-                         });
-  REQUIRE(agg_r.ok());
-  auto& agg = *agg_r;
+  auto agg = fed.start_aggregator(io, o, &reports);
   std::vector<std::unique_ptr<FormulaTrainer>> trainers;
   std::vector<std::unique_ptr<EdgeClient>> clients;
   for (int k = 0; k < 4; ++k) {
