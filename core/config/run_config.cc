@@ -65,6 +65,15 @@ Status validate_run_config(const starling::v1::RunConfig& c, std::string_view so
               "must be divisible by model.n_head = " + std::to_string(m.n_head()));
   }
   k.unit_interval("model.dropout", m.dropout());
+  if (m.pos_encoding() == starling::v1::ModelConfig::ROPE) {
+    k.require(std::isfinite(m.rope_base()) && m.rope_base() > 1, "model.rope_base", m.rope_base(),
+              "must be finite and > 1");
+    if (m.n_head() > 0 && m.n_embd() > 0 && m.n_embd() % m.n_head() == 0) {
+      k.require((m.n_embd() / m.n_head()) % 2 == 0, "model.n_embd", m.n_embd(),
+                "must give an even head size (n_embd / n_head) with model.pos_encoding = "
+                "\"rope\"");
+    }
+  }
 
   const auto& d = c.data();
   k.require(d.val_fraction() > 0 && d.val_fraction() < 1, "data.val_fraction", d.val_fraction(),

@@ -23,7 +23,8 @@ SelfAttention::SelfAttention(const TransformerShape& s, Rng& init, Rng& dropout_
 }
 
 Tensor SelfAttention::forward(const Tensor& x) const {
-  const Tensor qkv = c_attn->forward(x);                              // (B, T, 3C)
+  Tensor qkv = c_attn->forward(x);  // (B, T, 3C)
+  if (s_.rope) qkv = ops::rope_packed(qkv, s_.n_head, s_.rope_base);
   const Tensor y = ops::attention_packed(qkv, s_.n_head, s_.causal);  // (B, T, C)
   // Attention-probability dropout is folded into residual dropout here (nanoGPT applies both
   // with the same p; with p = 0 the two are identical).

@@ -15,6 +15,10 @@ struct TransformerShape {
   double dropout = 0.0;
   bool bias = false;
   bool causal = true;
+  // Rotary position embeddings on q and k of every head (ops::rope_packed, "rotate half"),
+  // applied before attention; `rope_base` is the frequency base (10000 in RoFormer / LLaMA).
+  bool rope = false;
+  double rope_base = 10000.0;
 };
 
 // x: (B, T, C) -> (B, T, C). `rng` draws dropout masks; it must outlive the module.

@@ -11,4 +11,5 @@
 #include "core/ops/layer_norm.h"
 #include "core/ops/matmul.h"
 #include "core/ops/reduce.h"
+#include "core/ops/rope.h"
 #include "core/ops/softmax.h"

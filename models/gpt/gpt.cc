@@ -22,6 +22,8 @@ GptConfig GptConfig::from_proto(const v1::ModelConfig& m, int64_t tokenizer_voca
   c.dropout = m.dropout();
   c.bias = m.bias();
   c.causal = m.causal();
+  c.rope = m.pos_encoding() == v1::ModelConfig::ROPE;
+  c.rope_base = m.rope_base();
   return c;
 }
 
@@ -36,6 +38,14 @@ Status GptConfig::validate() const {
                             ") must be divisible by model.n_head (" + std::to_string(n_head) + ")");
   }
   if (dropout < 0.0 || dropout >= 1.0) return invalid_argument("model.dropout must be in [0, 1)");
+  if (rope && (n_embd / n_head) % 2 != 0) {
+    return invalid_argument(
+        "model.pos_encoding = \"rope\" needs an even head size, got n_embd / n_head = " +
+        std::to_string(n_embd / n_head));
+  }
+  if (rope && !(std::isfinite(rope_base) && rope_base > 1.0)) {
+    return invalid_argument("model.rope_base must be finite and > 1");
+  }
   return ok_status();
 }
 
@@ -45,12 +55,25 @@ void BlockList::push_back(std::shared_ptr<nn::Block> b) {
 
 GptTrunk::GptTrunk(const GptConfig& c, Rng& init, Rng& dropout_rng) {
   wte = register_module("wte", std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd, init));
-  wpe = register_module("wpe", std::make_shared<nn::Embedding>(c.block_size, c.n_embd, init));
+  if (!c.rope) {
+    wpe = register_module("wpe", std::make_shared<nn::Embedding>(c.block_size, c.n_embd, init));
+  }
   h = register_module("h", std::make_shared<BlockList>());
-  const nn::TransformerShape s{c.n_embd, c.n_head, c.n_layer, c.dropout, c.bias, c.causal};
+  nn::TransformerShape s{c.n_embd, c.n_head, c.n_layer, c.dropout, c.bias, c.causal};
+  s.rope = c.rope;
+  s.rope_base = c.rope_base;
   for (int64_t i = 0; i < c.n_layer; ++i)
     h->push_back(std::make_shared<nn::Block>(s, init, dropout_rng));
   ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(c.n_embd, c.bias));
+}
+
+Tensor GptTrunk::embed(const Tensor& idx) const {
+  const Tensor tok = wte->forward(idx);
+  if (!wpe) return tok;
+  const int64_t T = idx.shape()[1];
+  Tensor pos = Tensor::uninitialized({T}, DType::kI32);
+  std::iota(pos.data<int32_t>(), pos.data<int32_t>() + T, 0);
+  return ops::add(tok, wpe->forward(pos));
 }
 
 Gpt::Gpt(const GptConfig& c, uint64_t seed) : config_(c), dropout_rng_(Rng(seed).fork(1)) {
@@ -59,14 +82,10 @@ Gpt::Gpt(const GptConfig& c, uint64_t seed) : config_(c), dropout_rng_(Rng(seed)
 }
 
 Tensor Gpt::forward(const Tensor& idx) const {
-  const int64_t B = idx.shape()[0], T = idx.shape()[1];
-  Tensor pos = Tensor::uninitialized({T}, DType::kI32);
-  std::iota(pos.data<int32_t>(), pos.data<int32_t>() + T, 0);
-  Tensor x = ops::add(transformer->wte->forward(idx), transformer->wpe->forward(pos));
+  Tensor x = transformer->embed(idx);
   x = ops::dropout(x, config_.dropout, training(), const_cast<Rng&>(dropout_rng_));
   for (const auto& block : transformer->h->blocks()) x = block->forward(x);
   x = transformer->ln_f->forward(x);
-  (void)B;
   return ops::linear(x, transformer->wte->weight);  // tied head: (B, T, V)
 }
 

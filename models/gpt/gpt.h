@@ -25,6 +25,10 @@ struct GptConfig {
   double dropout = 0.0;
   bool bias = false;
   bool causal = true;
+  // Rotary position embeddings of q and k ([model] pos_encoding = "rope"); the trunk then has
+  // no wpe (positions enter only through the rotation). rope_base: RoPE frequency base.
+  bool rope = false;
+  double rope_base = 10000.0;
 
   // vocab_size comes from the proto unless it is 0, then from `tokenizer_vocab`.
   static GptConfig from_proto(const v1::ModelConfig& m, int64_t tokenizer_vocab);
@@ -44,8 +48,10 @@ class BlockList : public nn::Module {
 class GptTrunk : public nn::Module {
  public:
   GptTrunk(const GptConfig& c, Rng& init, Rng& dropout_rng);
+  // wte(idx) (+ wpe(0..T-1) with learned positions): idx (B, T) i32 -> (B, T, C).
+  Tensor embed(const Tensor& idx) const;
   std::shared_ptr<nn::Embedding> wte;
-  std::shared_ptr<nn::Embedding> wpe;
+  std::shared_ptr<nn::Embedding> wpe;  // null when the config uses RoPE
   std::shared_ptr<BlockList> h;
   std::shared_ptr<nn::LayerNorm> ln_f;
 };

@@ -56,9 +56,13 @@ MdlmConfig MdlmConfig::from_proto(const v1::RunConfig& c, int64_t tokenizer_voca
   m.n_embd = mc.n_embd();
   m.dropout = mc.dropout();
   m.bias = mc.bias();
+  m.rope = mc.pos_encoding() == v1::ModelConfig::ROPE;
+  m.rope_base = mc.rope_base();
   m.noise = c.diffusion().noise() == v1::DiffusionConfig::UNIFORM ? DiffusionNoise::kUniform
                                                                   : DiffusionNoise::kAbsorbing;
   m.eps = c.diffusion().eps();
+  m.masking = c.diffusion().masking() == v1::DiffusionConfig::COUNT ? MaskSampling::kCount
+                                                                    : MaskSampling::kBernoulli;
   return m;
 }
 
@@ -66,6 +70,10 @@ Status MdlmConfig::validate() const {
   RETURN_IF_ERROR(trunk_config().validate());
   if (vocab_size < 2) return invalid_argument("model.vocab_size must be at least 2");
   if (!(eps > 0.0 && eps < 1.0)) return invalid_argument("diffusion.eps must be in (0, 1)");
+  if (masking == MaskSampling::kCount && noise != DiffusionNoise::kAbsorbing) {
+    return invalid_argument(
+        "diffusion.masking = \"count\" needs diffusion.noise = \"absorbing\" (it draws masks)");
+  }
   return ok_status();
 }
 
@@ -79,6 +87,8 @@ GptConfig MdlmConfig::trunk_config() const {
   g.dropout = dropout;
   g.bias = bias;
   g.causal = false;
+  g.rope = rope;
+  g.rope_base = rope_base;
   return g;
 }
 
@@ -89,10 +99,7 @@ Mdlm::Mdlm(const MdlmConfig& c, uint64_t seed) : config_(c), dropout_rng_(Rng(se
 }
 
 Tensor Mdlm::trunk_forward(const Tensor& xt) const {
-  const int64_t t = xt.shape()[1];
-  Tensor pos = Tensor::uninitialized({t}, DType::kI32);
-  std::iota(pos.data<int32_t>(), pos.data<int32_t>() + t, 0);
-  Tensor x = ops::add(transformer->wte->forward(xt), transformer->wpe->forward(pos));
+  Tensor x = transformer->embed(xt);
   x = ops::dropout(x, config_.dropout, training(), const_cast<Rng&>(dropout_rng_));
   for (const auto& block : transformer->h->blocks()) x = block->forward(x);
   x = transformer->ln_f->forward(x);
@@ -153,7 +160,32 @@ NoisedBatch Mdlm::corrupt(const Tensor& x0, std::span<const double> t, Rng& rng)
   return out;
 }
 
+NoisedBatch Mdlm::corrupt_count(const Tensor& x0, Rng& rng) const {
+  const int64_t b = x0.shape()[0], len = x0.shape()[1];
+  NoisedBatch out{x0.clone(), std::vector<double>(static_cast<size_t>(b))};
+  int32_t* p = out.xt.data<int32_t>();
+  std::vector<int64_t> perm(static_cast<size_t>(len));
+  for (int64_t i = 0; i < b; ++i) {
+    const double u = (static_cast<double>(i) + rng.uniform()) / static_cast<double>(b);
+    const int64_t k =
+        std::min<int64_t>(len, 1 + static_cast<int64_t>(u * static_cast<double>(len)));
+    out.t[i] = static_cast<double>(k) / static_cast<double>(len);
+    // The first k entries of a partial Fisher-Yates shuffle: a uniform k-subset.
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t r = j + static_cast<int64_t>(rng.below(static_cast<uint64_t>(len - j)));
+      std::swap(perm[j], perm[r]);
+      p[i * len + perm[j]] = mask_id();
+    }
+  }
+  return out;
+}
+
 Tensor Mdlm::loss(const Tensor& x0, Rng& rng) const {
+  if (config_.masking == MaskSampling::kCount && config_.noise == DiffusionNoise::kAbsorbing) {
+    const NoisedBatch nb = corrupt_count(x0, rng);
+    return loss(x0, nb.t, nb.xt);
+  }
   const auto t = sample_times(x0.shape()[0], rng);
   const NoisedBatch nb = corrupt(x0, t, rng);
   return loss(x0, nb.t, nb.xt);

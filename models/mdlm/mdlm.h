@@ -18,6 +18,12 @@ class RunConfig;
 
 namespace starling::models {
 
+// How training draws masks (absorbing noise only), see Mdlm::corrupt_count.
+enum class MaskSampling : uint8_t {
+  kBernoulli,  // t per sequence, each token masked with probability 1 - alpha(t)
+  kCount,      // k ~ U{1..T} masked positions per sequence, t = k / T
+};
+
 enum class DiffusionNoise : uint8_t {
   kAbsorbing,  // tokens jump to [MASK] (id V); MDLM
   kUniform,    // tokens jump to a uniformly random token in [0, V); UDLM
@@ -31,8 +37,11 @@ struct MdlmConfig {
   int64_t n_embd = 128;     // C
   double dropout = 0.0;
   bool bias = false;
+  bool rope = false;  // [model] pos_encoding = "rope": rotary q, k and no wpe
+  double rope_base = 10000.0;
   DiffusionNoise noise = DiffusionNoise::kAbsorbing;
-  double eps = 1e-3;  // alpha(t) = 1 - (1 - eps) t
+  double eps = 1e-3;                                // alpha(t) = 1 - (1 - eps) t
+  MaskSampling masking = MaskSampling::kBernoulli;  // [diffusion] masking (training only)
 
   // vocab_size from [model] unless 0, then `tokenizer_vocab`; noise and eps from [diffusion].
   static MdlmConfig from_proto(const v1::RunConfig& c, int64_t tokenizer_vocab);
@@ -82,7 +91,14 @@ class Mdlm : public nn::Module {
   // and divided by B * T. Absorbing: (1/t_b) * -log p(x0 | xt) on masked positions only (the
   // log-linear weight -alpha'/(1 - alpha) = 1/t). Uniform: the continuous-time UDLM integrand.
   Tensor loss(const Tensor& x0, std::span<const double> t, const Tensor& xt) const;
-  // Samples times and corruption from `rng`, then loss(x0, t, xt).
+  // Exact-count masking of x0 (B, T) (absorbing noise): sequence i gets k_i = 1 + floor(T u_i)
+  // masked positions, u_i stratified as in sample_times, chosen uniformly without replacement,
+  // and t_i = k_i / T. loss(x0, t, xt) is then the mean over sequences of the mean masked CE,
+  // an unbiased estimate of the eps -> 0 NELBO: integral_0^1 (1/t) Binomial(k; T, t) dt = 1/k,
+  // and given k the masked set of the Bernoulli corruption is uniform.
+  NoisedBatch corrupt_count(const Tensor& x0, Rng& rng) const;
+  // Draws the training corruption from `rng` (sample_times + corrupt, or corrupt_count with
+  // MaskSampling::kCount), then loss(x0, t, xt).
   Tensor loss(const Tensor& x0, Rng& rng) const;
 
   // Ancestral sampling of `num` sequences of block_size tokens with `steps` steps from t = 1 to

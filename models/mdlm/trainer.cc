@@ -131,9 +131,11 @@ Result<TrainSummary> train_mdlm(const v1::RunConfig& cfg, const std::string& con
   }
   Mdlm model(mc, tc.seed());
   spdlog::info(
-      "model: MDLM ({} noise, eps {}) L={} H={} C={} T={} V={}, {:.2f}M parameters, seed {}",
-      mc.noise == DiffusionNoise::kAbsorbing ? "absorbing" : "uniform", mc.eps, mc.n_layer,
-      mc.n_head, mc.n_embd, mc.block_size, mc.vocab_size,
+      "model: MDLM ({} noise, eps {}, {} masking, {} positions) L={} H={} C={} T={} V={}, {} "
+      "parameters ({:.2f}M), seed {}",
+      mc.noise == DiffusionNoise::kAbsorbing ? "absorbing" : "uniform", mc.eps,
+      mc.masking == MaskSampling::kCount ? "count" : "bernoulli", mc.rope ? "rope" : "learned",
+      mc.n_layer, mc.n_head, mc.n_embd, mc.block_size, mc.vocab_size, model.num_parameters(),
       static_cast<double>(model.num_parameters()) / 1e6, tc.seed());
   std::unique_ptr<optim::Optimizer> opt;
   auto groups = optim::decay_matrices_only(model.parameters());

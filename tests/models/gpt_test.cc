@@ -2,6 +2,7 @@
 #include "models/gpt/gpt.h"
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 
 #include "core/config/toml_config.h"
@@ -95,7 +96,7 @@ TEST_CASE("safetensors round trip gives identical logits", "[models][gpt]") {
   REQUIRE(starling::max_abs_diff(a.forward(in), b.forward(in)) == 0.0);
 }
 
-TEST_CASE("gpt checkpoint keeps config and tokenizer; bad state dicts are rejected",
+TEST_CASE("gpt checkpoint keeps config and tokenizer, bad state dicts are rejected",
           "[models][gpt]") {
   starling::v1::RunConfig cfg;
   cfg.mutable_model()->set_block_size(8);
@@ -166,4 +167,169 @@ TEST_CASE("checkpoint vocabulary hex helpers round trip and reject bad input", "
   REQUIRE(*back == bytes);
   REQUIRE_FALSE(models::hex_decode("abc").ok());
   REQUIRE_FALSE(models::hex_decode("zz").ok());
+}
+
+namespace {
+// Plain-loop "rotate half" RoPE of the q or k part (columns [col, col + C)) of qkv (B, T, 3C),
+// returned as (B, H, T, D) doubles.
+Tensor rotated_heads(const Tensor& qkv, int64_t col, int64_t H, double base) {
+  const int64_t B = qkv.shape()[0], T = qkv.shape()[1], C3 = qkv.shape()[2], C = C3 / 3;
+  const int64_t D = C / H, half = D / 2;
+  const auto x = qkv.to_double_vector();
+  std::vector<double> out(static_cast<size_t>(B * H * T * D));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t t = 0; t < T; ++t) {
+        const double* src = x.data() + (b * T + t) * C3 + col + h * D;
+        double* dst = out.data() + ((b * H + h) * T + t) * D;
+        for (int64_t i = 0; i < half; ++i) {
+          const double a = static_cast<double>(t) * std::pow(base, -2.0 * i / D);
+          dst[i] = src[i] * std::cos(a) - src[i + half] * std::sin(a);
+          dst[i + half] = src[i + half] * std::cos(a) + src[i] * std::sin(a);
+        }
+      }
+    }
+  }
+  return Tensor::from_vector(out, {B, H, T, D});
+}
+}  // namespace
+
+TEST_CASE("gpt with rope has no wpe and matches attention over rotated q and k",
+          "[models][gpt][rope]") {
+  models::GptConfig c = tiny();
+  c.rope = true;
+  c.rope_base = 100.0;
+  c.n_layer = 1;
+  models::Gpt m(c, 8);
+  m.train(false);
+  REQUIRE(m.transformer->wpe == nullptr);
+  for (const auto& [name, p] : m.named_parameters()) REQUIRE(name != "transformer.wpe.weight");
+  const int64_t C = 16, H = 2, D = C / H, B = 2, T = 6;
+  REQUIRE(m.num_parameters() == 11 * C + (2 * C + 12 * C * C) + C);
+
+  const Tensor in = ids({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 1}, B, T);
+  // The reference: the same modules, q and k rotated by a plain loop, unpacked attention.
+  const auto& blk = m.transformer->h->blocks()[0];
+  const Tensor x = m.transformer->wte->forward(in);
+  const Tensor qkv = blk->attn->c_attn->forward(blk->ln_1->forward(x)).to(DType::kF64);
+  const Tensor q = rotated_heads(qkv, 0, H, 100.0), k = rotated_heads(qkv, C, H, 100.0);
+  const Tensor v = ops::contiguous(
+      ops::transpose(ops::reshape(ops::slice(qkv, 2, 2 * C, 3 * C), {B, T, H, D}), 1, 2));
+  const Tensor att = ops::attention(q, k, v, true);  // (B, H, T, D)
+  const Tensor y = ops::reshape(ops::contiguous(ops::transpose(att, 1, 2)), {B, T, C});
+  Tensor h = ops::add(x, blk->attn->c_proj->forward(y.to(DType::kF32)));
+  h = ops::add(h, blk->mlp->forward(blk->ln_2->forward(h)));
+  const Tensor ref = ops::linear(m.transformer->ln_f->forward(h), m.transformer->wte->weight);
+  const Tensor got = m.forward(in);
+  REQUIRE(got.shape() == starling::Shape{B, T, 11});
+  REQUIRE(starling::max_abs_diff(got, ref) < 1e-5);
+  // Without the rotation the output differs (positions reach the model only through RoPE).
+  const Tensor qn =
+      ops::contiguous(ops::transpose(ops::reshape(ops::slice(qkv, 2, 0, C), {B, T, H, D}), 1, 2));
+  const Tensor kn = ops::contiguous(
+      ops::transpose(ops::reshape(ops::slice(qkv, 2, C, 2 * C), {B, T, H, D}), 1, 2));
+  const Tensor plain = ops::attention(qn, kn, v, true);
+  REQUIRE(starling::max_abs_diff(plain, att) > 1e-4);
+}
+
+TEST_CASE("a tiny gpt with rope is causal and overfits one batch", "[models][gpt][rope]") {
+  models::GptConfig c = tiny();
+  c.rope = true;
+  models::Gpt m(c, 3);
+  m.train(false);
+  const Tensor a = m.forward(ids({1, 2, 3, 4, 5}, 1, 5));
+  const Tensor b = m.forward(ids({1, 2, 3, 9, 9}, 1, 5));
+  REQUIRE(starling::max_abs_diff(a.slice(1, 0, 3), b.slice(1, 0, 3)) == 0.0);
+  m.train(true);
+  starling::Rng rng(4);
+  std::vector<int32_t> x(2 * 8), y(2 * 8);
+  for (auto& v : x) v = static_cast<int32_t>(rng.below(11));
+  for (auto& v : y) v = static_cast<int32_t>(rng.below(11));
+  Tensor tx = ids(x, 2, 8), ty = ids(y, 2, 8);
+  starling::optim::AdamW opt(starling::optim::decay_matrices_only(m.parameters()),
+                             {0.9, 0.99, 1e-8, 0.0});
+  const double first = m.loss(tx, ty).item();
+  double last = first;
+  for (int i = 0; i < 150; ++i) {
+    Tensor loss = m.loss(tx, ty);
+    last = loss.item();
+    starling::autograd::backward(loss);
+    opt.step(3e-3);
+    opt.zero_grad();
+  }
+  INFO("first " << first << " last " << last);
+  REQUIRE(last < 0.1);
+}
+
+TEST_CASE("model.pos_encoding parses, defaults to learned and rejects typos",
+          "[models][gpt][rope]") {
+  starling::v1::RunConfig c;
+  REQUIRE(starling::config::parse_toml("[model]\nn_head = 2\n", "run.toml", &c).ok());
+  REQUIRE(c.model().pos_encoding() == starling::v1::ModelConfig::LEARNED);
+  REQUIRE_FALSE(models::GptConfig::from_proto(c.model(), 11).rope);
+
+  REQUIRE(starling::config::parse_toml("[model]\npos_encoding = \"rope\"\nrope_base = 500.0\n",
+                                       "run.toml", &c)
+              .ok());
+  REQUIRE(c.model().pos_encoding() == starling::v1::ModelConfig::ROPE);
+  const auto g = models::GptConfig::from_proto(c.model(), 11);
+  REQUIRE(g.rope);
+  REQUIRE(g.rope_base == 500.0);
+  REQUIRE(starling::config::validate_run_config(c, "run.toml").ok());
+  // The effective config written into checkpoints carries the key and reads back.
+  const std::string text = starling::config::to_toml(c);
+  REQUIRE_THAT(text, Catch::Contains("pos_encoding = \"ROPE\""));
+  starling::v1::RunConfig back;
+  REQUIRE(starling::config::parse_toml(text, "effective.toml", &back).ok());
+  REQUIRE(back.model().pos_encoding() == starling::v1::ModelConfig::ROPE);
+
+  const auto typo =
+      starling::config::parse_toml("[model]\npos_encoding = \"rotary\"\n", "run.toml", &c);
+  REQUIRE_FALSE(typo.ok());
+  INFO(typo.message());
+  REQUIRE_THAT(typo.message(), Catch::Contains("run.toml") &&
+                                   Catch::Contains("model.pos_encoding") &&
+                                   Catch::Contains("rotary") && Catch::Contains("ROPE"));
+
+  // An odd head size cannot be rotated in pairs; a base <= 1 does not rotate.
+  REQUIRE(starling::config::parse_toml(
+              "[model]\npos_encoding = \"rope\"\nn_embd = 12\nn_head = 4\nrope_base = 0.5\n",
+              "run.toml", &c)
+              .ok());
+  const auto st = starling::config::validate_run_config(c, "run.toml");
+  REQUIRE_THAT(st.message(),
+               Catch::Contains("key 'model.rope_base' = 0.5 must be finite and > 1") &&
+                   Catch::Contains("key 'model.n_embd' = 12 must give an even head size"));
+  REQUIRE_FALSE(models::GptConfig::from_proto(c.model(), 11).validate().ok());
+}
+
+TEST_CASE("gpt checkpoint with rope round trips, a learned checkpoint does not load as rope",
+          "[models][gpt][rope]") {
+  starling::v1::RunConfig cfg;
+  cfg.mutable_model()->set_block_size(8);
+  cfg.mutable_model()->set_n_layer(2);
+  cfg.mutable_model()->set_n_head(2);
+  cfg.mutable_model()->set_n_embd(16);
+  cfg.mutable_model()->set_pos_encoding(starling::v1::ModelConfig::ROPE);
+  cfg.mutable_model()->set_rope_base(1000.0f);
+  auto tok = starling::data::CharTokenizer::from_corpus("hello world\n");
+  REQUIRE(tok.ok());
+  models::Gpt m(models::GptConfig::from_proto(cfg.model(), tok->vocab_size()), 9);
+  const auto path = temp_path("rope_ckpt.safetensors");
+  REQUIRE(models::save_gpt_checkpoint(path, m, cfg, *tok, {4, 1.0, 1.1}).ok());
+  auto loaded = models::load_gpt_checkpoint(path);
+  REQUIRE(loaded.ok());
+  REQUIRE(loaded->config.model().pos_encoding() == starling::v1::ModelConfig::ROPE);
+  REQUIRE(loaded->model->config().rope);
+  REQUIRE(loaded->model->config().rope_base == 1000.0);
+  const Tensor in = ids({1, 2, 3, 4, 5}, 1, 5);
+  REQUIRE(starling::max_abs_diff(m.forward(in), loaded->model->forward(in)) == 0.0);
+  starling::Rng r1(3), r2(3);
+  REQUIRE(m.generate({1}, 6, 0.8, 0, r1) == loaded->model->generate({1}, 6, 0.8, 0, r2));
+
+  // Weights of a learned-position model carry wpe, which a RoPE model refuses by name.
+  starling::v1::RunConfig learned = cfg;
+  learned.mutable_model()->set_pos_encoding(starling::v1::ModelConfig::LEARNED);
+  models::Gpt l(models::GptConfig::from_proto(learned.model(), tok->vocab_size()), 9);
+  REQUIRE_THAT(m.load(l.state_dict()).message(), Catch::Contains("transformer.wpe.weight"));
 }

@@ -58,7 +58,7 @@ std::filesystem::path temp_path(const std::string& name) {
 }
 }  // namespace
 
-TEST_CASE("mdlm corruption follows the log-linear schedule; times are stratified", "[mdlm]") {
+TEST_CASE("mdlm corruption follows the log-linear schedule, times are stratified", "[mdlm]") {
   for (auto noise : {models::DiffusionNoise::kAbsorbing, models::DiffusionNoise::kUniform}) {
     models::Mdlm m(tiny(noise), 1);
     const int64_t n = 40000;
@@ -208,7 +208,7 @@ TEST_CASE("a tiny mdlm overfits one batch", "[mdlm]") {
   REQUIRE(last < (noise == models::DiffusionNoise::kAbsorbing ? 0.1 : 0.5) * first);
 }
 
-TEST_CASE("mdlm samplers: length T ids in [0, V), cached equals uncached with fewer calls",
+TEST_CASE("mdlm samplers: length T ids below V, cached equals uncached with fewer calls",
           "[mdlm]") {
   auto noise = GENERATE(models::DiffusionNoise::kAbsorbing, models::DiffusionNoise::kUniform);
   models::Mdlm m(tiny(noise), 14);
@@ -317,4 +317,157 @@ TEST_CASE("mdlm learns to read bidirectional context", "[mdlm]") {
   // Without context the floor is (7/8) ln 11 = 2.1 nats per token.
   INFO("last " << last);
   REQUIRE(last < 0.2);
+}
+
+TEST_CASE("a tiny mdlm with rope has no wpe, reads both directions and overfits one batch",
+          "[mdlm][rope]") {
+  models::MdlmConfig c = tiny();
+  c.rope = true;
+  models::Mdlm m(c, 50);
+  REQUIRE(m.transformer->wpe == nullptr);
+  for (const auto& [name, p] : m.named_parameters()) REQUIRE(name != "transformer.wpe.weight");
+  // Bidirectional: changing the last token changes the first position's logits.
+  m.train(false);
+  const Tensor a = m.forward(Tensor::from_vector(std::vector<int32_t>{1, 11, 3, 4}, {1, 4}));
+  const Tensor b = m.forward(Tensor::from_vector(std::vector<int32_t>{1, 11, 3, 5}, {1, 4}));
+  REQUIRE(starling::max_abs_diff(a.slice(1, 0, 1), b.slice(1, 0, 1)) > 0.0);
+  // Memorizing random sequences needs absolute positions, which RoPE gives only indirectly (through
+  // the window's edges and the visible tokens): it takes ~3x the steps of learned positions.
+  m.train(true);
+  const Tensor x0 = Tensor::from_vector(random_ids(2 * kT, kV, 51), {2, kT});
+  Rng eval_rng(52);
+  const std::vector<double> te{0.3, 0.7};
+  const auto nb = m.corrupt(x0, te, eval_rng);
+  const double first = m.loss(x0, te, nb.xt).item();
+  starling::optim::AdamW opt(starling::optim::decay_matrices_only(m.parameters()),
+                             {0.9, 0.99, 1e-8, 0.0});
+  Rng rng(53);
+  for (int i = 0; i < 1500; ++i) {
+    Tensor loss = m.loss(x0, rng);
+    starling::autograd::backward(loss);
+    opt.step(3e-3);
+    opt.zero_grad();
+  }
+  const double last = m.loss(x0, te, nb.xt).item();
+  INFO("first " << first << " last " << last);
+  REQUIRE(last < 0.1 * first);
+}
+
+TEST_CASE("mdlm checkpoint with rope round trips and samples", "[mdlm][rope]") {
+  starling::v1::RunConfig cfg;
+  cfg.mutable_model()->set_arch(starling::v1::ModelConfig::MDLM);
+  cfg.mutable_model()->set_block_size(kT);
+  cfg.mutable_model()->set_n_layer(2);
+  cfg.mutable_model()->set_n_head(2);
+  cfg.mutable_model()->set_n_embd(16);
+  cfg.mutable_model()->set_causal(false);
+  cfg.mutable_model()->set_pos_encoding(starling::v1::ModelConfig::ROPE);
+  cfg.mutable_model()->set_rope_base(100.0f);
+  cfg.mutable_diffusion()->set_sampling_steps(16);
+  auto tok = starling::data::CharTokenizer::from_corpus("hello world\n");
+  REQUIRE(tok.ok());
+  const auto mc = models::MdlmConfig::from_proto(cfg, tok->vocab_size());
+  REQUIRE(mc.rope);
+  REQUIRE(mc.rope_base == 100.0);
+  REQUIRE(mc.trunk_config().rope);
+  REQUIRE(mc.validate().ok());
+  models::Mdlm m(mc, 22);
+  const auto path = temp_path("rope_ckpt.safetensors");
+  REQUIRE(models::save_mdlm_checkpoint(path, m, cfg, *tok, {5, 2.0, 2.1}).ok());
+  auto loaded = models::load_mdlm_checkpoint(path);
+  REQUIRE(loaded.ok());
+  REQUIRE(loaded->model->config().rope);
+  REQUIRE(loaded->model->config().rope_base == 100.0);
+  const Tensor in = Tensor::from_vector(std::vector<int32_t>{1, m.mask_id(), 3, 4}, {1, 4});
+  REQUIRE(starling::max_abs_diff(m.forward(in), loaded->model->forward(in)) == 0.0);
+  Rng r1(5), r2(5);
+  REQUIRE(m.sample(1, 16, 0.8, true, r1) == loaded->model->sample(1, 16, 0.8, true, r2));
+  auto text = models::sample_mdlm_checkpoint(path, 0, 1.0, 7, 2);
+  REQUIRE(text.ok());
+  REQUIRE(text->size() == static_cast<size_t>(2 * kT + 5));
+  // The same weights under a learned-position config miss wpe, named in the error.
+  models::MdlmConfig learned = mc;
+  learned.rope = false;
+  models::Mdlm l(learned, 22);
+  REQUIRE_THAT(l.load(m.state_dict()).message(), Catch::Contains("transformer.wpe.weight"));
+}
+
+TEST_CASE("count masking: k masked positions per sequence, t = k / T, loss = mean masked CE",
+          "[mdlm]") {
+  models::MdlmConfig c = tiny();
+  c.masking = models::MaskSampling::kCount;
+  REQUIRE(c.validate().ok());
+  models::Mdlm m(c, 60);
+  const int64_t b = 16;
+  const Tensor x0 = Tensor::from_vector(random_ids(b * kT, kV, 61), {b, kT});
+  Rng rng(62);
+  const auto nb = m.corrupt_count(x0, rng);
+  const auto x = x0.to_double_vector();
+  const int32_t* z = nb.xt.data<int32_t>();
+  // Stratified counts: sequence i has k in [1 + floor(T i / B), 1 + floor(T (i + 1) / B)].
+  for (int64_t i = 0; i < b; ++i) {
+    int64_t k = 0;
+    for (int64_t j = 0; j < kT; ++j) {
+      if (z[i * kT + j] == m.mask_id()) {
+        ++k;
+      } else {
+        REQUIRE(z[i * kT + j] == static_cast<int32_t>(x[i * kT + j]));
+      }
+    }
+    REQUIRE(k >= 1 + (kT * i) / b);
+    REQUIRE(k <= std::min<int64_t>(kT, 1 + (kT * (i + 1)) / b));
+    REQUIRE(nb.t[i] == static_cast<double>(k) / kT);
+  }
+  // The loss is the mean over sequences of the mean CE over masked positions.
+  m.train(false);
+  const Tensor logits = m.forward(nb.xt);
+  double expected = 0.0;
+  for (int64_t i = 0; i < b; ++i) {
+    double sum = 0.0;
+    int64_t k = 0;
+    for (int64_t j = 0; j < kT; ++j) {
+      if (z[i * kT + j] != m.mask_id()) continue;
+      const auto ls = log_softmax_row(logits.data<float>() + (i * kT + j) * kV, kV);
+      sum -= ls[static_cast<size_t>(x[i * kT + j])];
+      ++k;
+    }
+    expected += sum / static_cast<double>(k) / static_cast<double>(b);
+  }
+  REQUIRE(m.loss(x0, nb.t, nb.xt).item() == Approx(expected).epsilon(1e-5));
+
+  // Uniform noise has no masks to count.
+  models::MdlmConfig u = tiny(models::DiffusionNoise::kUniform);
+  u.masking = models::MaskSampling::kCount;
+  REQUIRE_THAT(u.validate().message(), Catch::Contains("diffusion.masking"));
+}
+
+TEST_CASE("count and bernoulli masking estimate the same NELBO", "[mdlm]") {
+  // Monte Carlo means of the two estimators for one fixed model agree within their standard
+  // errors (eps = 1e-4 makes the Bernoulli form's eps -> 0 limit exact to 1e-4).
+  models::MdlmConfig c = tiny();
+  c.eps = 1e-4;
+  models::Mdlm bern(c, 70);
+  c.masking = models::MaskSampling::kCount;
+  models::Mdlm count(c, 70);
+  bern.train(false);
+  count.train(false);
+  starling::autograd::NoGradGuard ng;
+  const int64_t b = 64;
+  const Tensor x0 = Tensor::from_vector(random_ids(b * kT, kV, 71), {b, kT});
+  auto stats = [&](const models::Mdlm& m, int64_t draws, uint64_t seed) {
+    Rng rng(seed);
+    double s = 0.0, s2 = 0.0;
+    for (int64_t d = 0; d < draws; ++d) {
+      const double l = m.loss(x0, rng).item();
+      s += l;
+      s2 += l * l;
+    }
+    const double mean = s / draws;
+    return std::pair<double, double>{mean, (s2 / draws - mean * mean) / draws};
+  };
+  const auto [mb, vb] = stats(bern, 200, 72);
+  const auto [mc, vc] = stats(count, 20, 73);
+  INFO("bernoulli " << mb << " (var of mean " << vb << "), count " << mc << " (" << vc << ")");
+  REQUIRE(std::fabs(mb - mc) < 4.0 * std::sqrt(vb + vc));
+  REQUIRE(vc * 20 < vb * 200 / 100);  // per batch: 100x lower variance, the point of counting
 }
