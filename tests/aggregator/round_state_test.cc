@@ -13,7 +13,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-TEST_CASE("round state survives a save and load; corruption is detected", "[aggregator]") {
+TEST_CASE("round state survives a save and load, corruption is detected", "[aggregator]") {
   const fs::path dir = fs::temp_directory_path() / ("starling_rs_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   const compress::Layout layout = {{"a", {2, 2}, 0}, {"b", {3}, 4}};

@@ -334,7 +334,7 @@ TEST_CASE("a message type from a newer protocol is skipped, not fatal", "[net]")
   CHECK(server.closed.empty());
 }
 
-TEST_CASE("idle connections time out; the connection limit holds", "[net]") {
+TEST_CASE("idle connections time out and the connection limit holds", "[net]") {
   Federation fed;
   asio::io_context io;
   auto options = fast_server();

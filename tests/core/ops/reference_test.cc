@@ -26,7 +26,7 @@ TEST_CASE("matmul matches a triple loop in f32 and f64", "[ops]") {
   REQUIRE(starling::max_abs_diff(c32, c) < 1e-4);
 }
 
-TEST_CASE("softmax rows sum to one; cross entropy equals -log softmax", "[ops]") {
+TEST_CASE("softmax rows sum to one, cross entropy equals -log softmax", "[ops]") {
   Tensor x = rand64({3, 4}, 3, 3.0);
   auto p = ops::softmax(x).to_double_vector();
   for (int r = 0; r < 3; ++r)

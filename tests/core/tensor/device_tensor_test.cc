@@ -140,7 +140,7 @@ TEST_CASE("strided views cross devices with their own layout", "[tensor]") {
   CHECK(d->select(0, 3).select(0, 4).item() == a.select(0, 3).select(0, 4).item());
 }
 
-TEST_CASE("clones on a device stay there; contiguous ones copy device to device", "[tensor]") {
+TEST_CASE("clones on a device stay there, contiguous ones copy device to device", "[tensor]") {
   WithFake with;
   const Tensor a = counting({2, 3, 4});
   auto d = a.to(Device::cuda(0));
@@ -159,7 +159,7 @@ TEST_CASE("clones on a device stay there; contiguous ones copy device to device"
   CHECK(z->clone().numel() == 0);
 }
 
-TEST_CASE("device memory goes back when the last tensor dies; errors name the device", "[tensor]") {
+TEST_CASE("device memory goes back when the last tensor dies, errors name the device", "[tensor]") {
   WithFake with;
   {
     auto d = Tensor::zeros_on({100}, DType::kF64, Device::cuda(0));
