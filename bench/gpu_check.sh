@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The GPU machine's check, run from anywhere in the repository: configures the cuda preset,
-# builds the CUDA tests and benchmark, runs `ctest -L cuda`, the CPU communicator tests and
-# cuda_bench, and appends date, commit, GPU and results to bench/RESULTS.md (also copied to
-# $OUT when set, with the logs). Needs carry/ from bench/make_carry.sh where the machine lacks
-# standalone Asio, toml++ or Catch2 v2. Env: CUDA_ARCH (default 90), JOBS (default nproc),
-# BUILD_DIR (default build/cuda).
+# builds the CUDA tests and benchmarks, runs `ctest -L cuda` (kernels, codecs, the fused GPT
+# trainer's CUDA backend), the CPU communicator tests, cuda_bench, cuda_codec_bench and
+# gpt_train_bench (fused GPT vs PyTorch), and appends date, commit, GPU and results to
+# bench/RESULTS.md (also copied to $OUT when set, with the logs). Needs carry/ from
+# bench/make_carry.sh where the machine lacks standalone Asio, toml++ or Catch2 v2. Env:
+# CUDA_ARCH (default 90), JOBS (default nproc), BUILD_DIR (default build/cuda), TORCH_PYTHON
+# (default python3), GPT_BENCH_SHAPES (default char), GPT_BENCH_WARMUP / GPT_BENCH_STEPS
+# (default 2 / 5).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -46,11 +49,17 @@ step() {  # step NAME CMD...: runs CMD with output in $logs/NAME.log, remembers 
   >"$logs/environment.log" 2>&1
 step configure cmake --preset cuda -B "$build" "${args[@]}"
 step build cmake --build "$build" -j "${JOBS:-$(nproc)}" \
-  --target starling_cuda_tests starling_comm_tests cuda_bench cuda_codec_bench
+  --target starling_cuda_tests starling_comm_tests cuda_bench cuda_codec_bench gpt_train_bench
 step ctest_cuda ctest --test-dir "$build" -L cuda --no-tests=error --output-on-failure --timeout 300
 step comm_tests "$build/tests/starling_comm_tests"
 step cuda_bench "$build/bench/cuda_bench"
 step cuda_codec_bench "$build/bench/cuda_codec_bench"  # GPU codecs beside the CPU ones
+# Fused GPT training steps (fp32) beside PyTorch eager and torch.compile (TORCH_PYTHON: a python
+# with torch; without one the PyTorch rows say why). The char GPT with few steps by default (about
+# a minute, most of it torch.compile); GPT_BENCH_SHAPES=char,gpt2 adds GPT-2 124M (a few more).
+step gpt_train_bench timeout 420 "$build/bench/gpt_train_bench" --python "${TORCH_PYTHON:-python3}" \
+  --shapes "${GPT_BENCH_SHAPES:-char}" --warmup "${GPT_BENCH_WARMUP:-2}" \
+  --steps "${GPT_BENCH_STEPS:-5}"
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -66,6 +75,8 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
   grep -E '^(GPU:|\|)' "$logs/cuda_bench.log" 2>/dev/null || echo "(cuda_bench did not run)"
   echo
   grep -E '^(GPU:|\|)' "$logs/cuda_codec_bench.log" 2>/dev/null || echo "(cuda_codec_bench did not run)"
+  echo
+  grep -E '^(GPU:|\||ratio:)' "$logs/gpt_train_bench.log" 2>/dev/null || echo "(gpt_train_bench did not run)"
 } >> bench/RESULTS.md
 if [ -n "${OUT:-}" ]; then cp -r bench/RESULTS.md "$logs" "$OUT/"; fi
 echo "gpu_check: $status"

@@ -1,6 +1,10 @@
-"""PyTorch peer of bench/train_throughput.cc: the same GPT (nanoGPT's model, no biases, tied
-head, GELU, pre-norm), the same step (forward + backward + clip + fused/foreach AdamW), random
-tokens, median step time. Prints one JSON line."""
+"""PyTorch peer of bench/train_throughput.cc (CPU) and bench/gpt_train_bench.cc (CUDA): the
+same GPT (nanoGPT's model, tied head, exact GELU, pre-norm, biases with --bias), the same step
+(forward + backward + clip + AdamW: foreach on CPU, fused on CUDA), random tokens, median step
+time. --device cuda times with synchronization and reports peak memory
+(torch.cuda.max_memory_allocated); --compile wraps the model in torch.compile (its compilation
+runs in the warmup steps). fp32 throughout (TF32 off, PyTorch's default for matmuls).
+Prints one JSON line."""
 import argparse
 import json
 import math
@@ -13,15 +17,15 @@ import torch.nn.functional as F
 
 
 class Block(nn.Module):
-    def __init__(self, c, h):
+    def __init__(self, c, h, bias=False):
         super().__init__()
         self.h = h
-        self.ln_1 = nn.LayerNorm(c, bias=False)
-        self.c_attn = nn.Linear(c, 3 * c, bias=False)
-        self.c_proj = nn.Linear(c, c, bias=False)
-        self.ln_2 = nn.LayerNorm(c, bias=False)
-        self.c_fc = nn.Linear(c, 4 * c, bias=False)
-        self.mlp_proj = nn.Linear(4 * c, c, bias=False)
+        self.ln_1 = nn.LayerNorm(c, bias=bias)
+        self.c_attn = nn.Linear(c, 3 * c, bias=bias)
+        self.c_proj = nn.Linear(c, c, bias=bias)
+        self.ln_2 = nn.LayerNorm(c, bias=bias)
+        self.c_fc = nn.Linear(c, 4 * c, bias=bias)
+        self.mlp_proj = nn.Linear(4 * c, c, bias=bias)
 
     def forward(self, x):
         b, t, c = x.shape
@@ -35,12 +39,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, v, t, l, h, c):
+    def __init__(self, v, t, l, h, c, bias=False):
         super().__init__()
         self.wte = nn.Embedding(v, c)
         self.wpe = nn.Embedding(t, c)
-        self.blocks = nn.ModuleList([Block(c, h) for _ in range(l)])
-        self.ln_f = nn.LayerNorm(c, bias=False)
+        self.blocks = nn.ModuleList([Block(c, h, bias) for _ in range(l)])
+        self.ln_f = nn.LayerNorm(c, bias=bias)
 
     def forward(self, idx, targets):
         t = idx.shape[1]
@@ -62,31 +66,46 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--bias", action="store_true", help="biases in Linear and LayerNorm")
     a = p.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
+    cuda = a.device == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(1337)
-    model = GPT(a.vocab, a.block, a.layers, a.heads, a.embd)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+    model = GPT(a.vocab, a.block, a.layers, a.heads, a.embd, a.bias).to(a.device)
+    step_model = torch.compile(model) if a.compile else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1,
+                            **({"fused": True} if cuda else {}))
     times = []
     loss = None
     for s in range(a.warmup + a.steps):
-        x = torch.randint(0, a.vocab, (a.batch, a.block))
-        y = torch.randint(0, a.vocab, (a.batch, a.block))
+        x = torch.randint(0, a.vocab, (a.batch, a.block), device=a.device)
+        y = torch.randint(0, a.vocab, (a.batch, a.block), device=a.device)
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss = model(x, y)
+        loss = step_model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        loss_v = float(loss)  # waits for the step, as ours reads its loss
         dt = time.perf_counter() - t0
         if s >= a.warmup:
             times.append(dt)
     med = statistics.median(times)
-    print(json.dumps({"engine": "pytorch " + torch.__version__, "threads": torch.get_num_threads(),
-                      "ms_per_step": med * 1e3, "tokens_per_s": a.batch * a.block / med,
-                      "params": sum(p.numel() for p in model.parameters()),
-                      "loss": float(loss)}))
+    out = {"engine": "pytorch " + torch.__version__ + (" compile" if a.compile else " eager"),
+           "device": a.device, "threads": torch.get_num_threads(),
+           "ms_per_step": med * 1e3, "tokens_per_s": a.batch * a.block / med,
+           "params": sum(p.numel() for p in model.parameters()), "loss": loss_v}
+    if cuda:
+        out["peak_mem_bytes"] = torch.cuda.max_memory_allocated()
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

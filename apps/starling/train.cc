@@ -25,6 +25,7 @@
 #include "models/ddpm/checkpoint.h"
 #include "models/ddpm/trainer.h"
 #include "models/gpt/checkpoint.h"
+#include "models/gpt/fused_trainer.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/trainer.h"
 #include "models/mdlm/trainer.h"
@@ -241,20 +242,52 @@ Result<models::TrainSummary> train_gpt_ranks(const v1::RunConfig& cfg, const std
   return sum;
 }
 
-// --device cuda / --gpus: refused with the reason, never silently run on the CPU.
-Status check_gpu_request(const std::string& device, const std::string& gpus) {
+// --device cuda / --gpus: the GPU to train on (the fused GPT trainer), or nullopt for the CPU.
+// Refused with the reason, never silently run on the CPU: a build without CUDA, no visible GPU,
+// an index that is not a visible GPU, or more than one GPU (data parallel on GPUs is not there
+// yet).
+Result<std::optional<int>> check_gpu_request(const std::string& device, const std::string& gpus) {
   if (device != "cpu" && device != "cuda") {
     return invalid_argument("--device '" + device + "': expected cpu or cuda");
   }
-  if (device == "cpu" && gpus.empty()) return ok_status();
+  if (device == "cpu" && gpus.empty()) return std::optional<int>();
+  const std::string what = gpus.empty() ? "--device cuda" : "--gpus " + gpus;
+  std::vector<int> ids;
+  for (size_t pos = 0; !gpus.empty() && pos <= gpus.size();) {
+    const size_t comma = std::min(gpus.find(',', pos), gpus.size());
+    const std::string item = gpus.substr(pos, comma - pos);
+    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos ||
+        item.size() > 4) {
+      return invalid_argument("--gpus '" + gpus + "': expected GPU indices like 0 or 0,1");
+    }
+    ids.push_back(std::stoi(item));
+    pos = comma + 1;
+  }
+  if (ids.size() > 1) {
+    return unimplemented(what +
+                         ": data-parallel training over several GPUs is not implemented yet (the "
+                         "NCCL communicator exists, the fused trainer runs on one GPU); use one "
+                         "GPU, e.g. --gpus 0, or --ranks N for data parallel on CPU threads");
+  }
+  if (!cuda::built_with_cuda()) {
+    return unimplemented(what +
+                         ": this starling build has no CUDA backend, so no GPU training path "
+                         "(configure with `cmake --preset cuda` on a machine with the CUDA "
+                         "toolkit); train.engine = \"fused\" runs the same trainer on the CPU");
+  }
   const auto devs = cuda::devices();
-  return unimplemented(
-      std::string(gpus.empty() ? "--device cuda" : "--gpus " + gpus) +
-      ": training on GPUs needs device tensors (Tensor storage on CUDA), which core/tensor does "
-      "not have yet, so there is no GPU training path; the CUDA kernels and the NCCL "
-      "communicator exist but are not wired to the trainer (this build: CUDA " +
-      (cuda::built_with_cuda() ? "on" : "off") + ", " + std::to_string(devs.size()) +
-      " visible GPU(s)). Use --ranks N for data-parallel training on CPU threads");
+  const int gpu = ids.empty() ? 0 : ids[0];
+  if (devs.empty()) {
+    return failed_precondition(what +
+                               ": no CUDA device is visible, so no GPU training path on this "
+                               "machine (driver, CUDA_VISIBLE_DEVICES?); train.engine = "
+                               "\"fused\" runs the same trainer on the CPU");
+  }
+  if (gpu >= static_cast<int>(devs.size())) {
+    return invalid_argument(what + ": GPU " + std::to_string(gpu) + " is not visible (" +
+                            std::to_string(devs.size()) + " visible)");
+  }
+  return std::optional<int>(gpu);
 }
 
 }  // namespace
@@ -277,15 +310,43 @@ void register_train(CLI::App& app, CommandContext& ctx) {
                   "With --ranks: gradient bucket cap in MB (default 25, as PyTorch DDP)");
   cmd->add_flag("!--no-overlap", ranks->overlap,
                 "With --ranks: all-reduce after backward instead of during it");
-  cmd->add_option("--device", *device, "cpu (default) or cuda");
-  cmd->add_option("--gpus", *gpus, "GPU indices for data-parallel training, e.g. 0,1");
+  cmd->add_option("--device", *device,
+                  "cpu (default) or cuda: GPT configs train with the fused engine on the GPU");
+  cmd->add_option("--gpus", *gpus,
+                  "GPU index to train on (implies --device cuda), e.g. 0; one GPU for now");
   cmd->callback([&ctx, config_path, sets, ranks, device, gpus]() {
-    if (Status st = check_gpu_request(*device, *gpus); !st.ok()) return fail(ctx, st.message());
+    auto gpu = check_gpu_request(*device, *gpus);
+    if (!gpu.ok()) return fail(ctx, gpu.status().message());
     v1::RunConfig cfg;
     if (Status st = config::load_toml(*config_path, &cfg); !st.ok()) return fail(ctx, st.message());
     if (Status st = apply_overrides(*sets, &cfg); !st.ok()) return fail(ctx, st.message());
     if (Status st = config::validate_run_config(cfg, *config_path); !st.ok()) {
       return fail(ctx, st.message());
+    }
+    // The fused GPT engine: on the GPU (--device cuda / --gpus) or on the CPU (train.engine).
+    if (gpu->has_value() || cfg.train().engine() == v1::TrainConfig::FUSED) {
+      const std::string what =
+          gpu->has_value() ? "--device cuda" : std::string("train.engine = \"fused\"");
+      if (ranks->ranks > 1) {
+        return fail(ctx, what + " runs one replica: --ranks " + std::to_string(ranks->ranks) +
+                             " is for the autograd engine on CPU threads");
+      }
+      if (cfg.model().arch() != v1::ModelConfig::GPT) {
+        return fail(ctx, *config_path + ": " + what +
+                             " trains model.arch = \"gpt\" only (the fused trainer); MDLM and "
+                             "DDPM train on the CPU autograd engine");
+      }
+      models::FusedTrainOptions fo;
+      fo.cuda = gpu->has_value();
+      fo.gpu = gpu->value_or(0);
+      auto res = models::train_gpt_fused(cfg, *config_path, fo);
+      if (!res.ok()) return fail(ctx, res.status().message());
+      std::printf("trained %lld steps in %.1f s: val loss %.4f (best %.4f), %.0f tokens/s (%s)\n",
+                  static_cast<long long>(res->iters), res->seconds, res->val_loss,
+                  res->best_val_loss, res->tokens_per_second,
+                  fo.cuda ? ("fused, cuda:" + std::to_string(fo.gpu)).c_str() : "fused, cpu");
+      std::printf("checkpoint: %s\n", res->checkpoint.string().c_str());
+      return;
     }
     if (ranks->ranks > 1) {
       auto res = train_gpt_ranks(cfg, *config_path, *ranks);

@@ -89,4 +89,27 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                         const float* att, int b, int t, int c, int h, cublasHandle_t handle,
                         cudaStream_t stream);
 
+// encoder_cuda.cu: GPT's token + position embedding. idx: (B, T) i32, wte: (V, C), wpe: (>=T, C)
+// -> out: (B, T, C) = wte[idx] + wpe[t].
+void encoder_forward(float* out, const int* idx, const float* wte, const float* wpe, int b, int t,
+                     int c, cudaStream_t stream);
+// Accumulates (+=) the embedding gradients of dout: (B, T, C). Positions grouped by token:
+// bucket u (of num_unique) is token tokens[u] at positions order[starts[u]] ..
+// order[starts[u + 1] - 1], summed in that order, so the result is deterministic; dwpe[t] adds
+// dout[b, t] over b in order.
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* order,
+                      const int* starts, const int* tokens, int num_unique, int b, int t, int c,
+                      cudaStream_t stream);
+
+// residual_cuda.cu: out = a + b over n values (out may alias a or b).
+void residual_add(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
+
+// grad_norm_cuda.cu: out: () = sum of x[i]^2 accumulated in double over a fixed grid of
+// kSumSquaresBlocks blocks (deterministic); scratch: kSumSquaresBlocks doubles.
+constexpr int kSumSquaresBlocks = 1024;
+void sum_squares(double* out, double* scratch, const float* x, size_t n, cudaStream_t stream);
+// Reads norm_sq on the device: when max_norm > 0 and sqrt(*norm_sq) > max_norm, scales x by
+// max_norm / (norm + 1e-6) (core/optim's clip_grad_norm), else leaves it unchanged.
+void clip_scale(float* x, size_t n, const double* norm_sq, double max_norm, cudaStream_t stream);
+
 }  // namespace starling::cuda

@@ -29,11 +29,9 @@ std::string format_eta(double seconds) {
   return buf;
 }
 
-// Mean loss over eval_iters batches of each split, in eval mode, no history.
-Result<std::pair<double, double>> estimate_loss(Gpt& model, const data::TextDataset& ds,
+// Mean loss over eval_iters batches of each split.
+Result<std::pair<double, double>> estimate_loss(GptEngine& engine, const data::TextDataset& ds,
                                                 const v1::RunConfig& cfg, Rng& rng) {
-  autograd::NoGradGuard ng;
-  model.train(false);
   double out[2] = {0, 0};
   const int64_t b = cfg.train().batch_size(), t = cfg.model().block_size();
   const int n = std::max(1, cfg.train().eval_iters());
@@ -41,17 +39,58 @@ Result<std::pair<double, double>> estimate_loss(Gpt& model, const data::TextData
     const auto split = s == 0 ? data::Split::kTrain : data::Split::kVal;
     for (int i = 0; i < n; ++i) {
       ASSIGN_OR_RETURN(data::Batch batch, ds.get_batch(split, b, t, rng));
-      out[s] += model.loss(batch.x, batch.y).item();
+      ASSIGN_OR_RETURN(const double loss, engine.eval_loss(batch));
+      out[s] += loss;
     }
     out[s] /= n;
   }
-  model.train(true);
   return std::make_pair(out[0], out[1]);
 }
 
+// The default engine: the autograd Gpt with core/optim's AdamW (or SGD), weight decay on the
+// matrices only.
+class AutogradEngine final : public GptEngine {
+ public:
+  AutogradEngine(const GptConfig& gc, const v1::TrainConfig& tc) : model_(gc, tc.seed()) {
+    auto groups = optim::decay_matrices_only(model_.parameters());
+    if (tc.optimizer() == v1::TrainConfig::SGD) {
+      opt_ = std::make_unique<optim::Sgd>(
+          groups, optim::SgdOptions{tc.momentum(), tc.weight_decay(), false});
+    } else {
+      opt_ = std::make_unique<optim::AdamW>(
+          groups, optim::AdamWOptions{tc.beta1(), tc.beta2(), 1e-8, tc.weight_decay()});
+    }
+  }
+  std::string describe() const override { return "autograd engine"; }
+  int64_t num_parameters() const override { return model_.num_parameters(); }
+  Result<Step> step(const data::Batch& batch, double lr, double grad_clip) override {
+    Tensor loss = model_.loss(batch.x, batch.y);
+    const double loss_v = loss.item();
+    if (!std::isfinite(loss_v)) return Step{loss_v, 0.0};  // the loop stops with the reason
+    autograd::backward(loss);
+    const double gnorm = optim::clip_grad_norm(model_.parameters(), grad_clip);
+    opt_->step(lr);
+    opt_->zero_grad();
+    return Step{loss_v, gnorm};
+  }
+  Result<double> eval_loss(const data::Batch& batch) override {
+    autograd::NoGradGuard ng;
+    model_.train(false);
+    const double loss = model_.loss(batch.x, batch.y).item();
+    model_.train(true);
+    return loss;
+  }
+  Result<const Gpt*> host_model() override { return &model_; }
+
+ private:
+  Gpt model_;
+  std::unique_ptr<optim::Optimizer> opt_;
+};
+
 }  // namespace
 
-Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& config_source) {
+Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& config_source,
+                               const GptEngineFactory& make) {
   const auto& tc = cfg.train();
   if (tc.threads() > 0) omp_set_num_threads(tc.threads());
 
@@ -82,19 +121,15 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& conf
                             " is smaller than the tokenizer's " +
                             std::to_string(tokenizer->vocab_size()));
   }
-  Gpt model(gc, tc.seed());
-  spdlog::info("model: GPT L={} H={} C={} T={} V={}, {:.2f}M parameters, seed {}", gc.n_layer,
-               gc.n_head, gc.n_embd, gc.block_size, gc.vocab_size,
-               static_cast<double>(model.num_parameters()) / 1e6, tc.seed());
-  std::unique_ptr<optim::Optimizer> opt;
-  auto groups = optim::decay_matrices_only(model.parameters());
-  if (tc.optimizer() == v1::TrainConfig::SGD) {
-    opt = std::make_unique<optim::Sgd>(groups,
-                                       optim::SgdOptions{tc.momentum(), tc.weight_decay(), false});
+  std::unique_ptr<GptEngine> engine;
+  if (make) {
+    ASSIGN_OR_RETURN(engine, make(gc, cfg), config_source);
   } else {
-    opt = std::make_unique<optim::AdamW>(
-        groups, optim::AdamWOptions{tc.beta1(), tc.beta2(), 1e-8, tc.weight_decay()});
+    engine = std::make_unique<AutogradEngine>(gc, tc);
   }
+  spdlog::info("model: GPT L={} H={} C={} T={} V={}, {:.2f}M parameters, seed {}; {}", gc.n_layer,
+               gc.n_head, gc.n_embd, gc.block_size, gc.vocab_size,
+               static_cast<double>(engine->num_parameters()) / 1e6, tc.seed(), engine->describe());
   const optim::CosineSchedule sched{tc.learning_rate(), tc.min_lr(), tc.warmup_iters(),
                                     tc.lr_decay_iters()};
 
@@ -130,7 +165,7 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& conf
     const bool eval_now =
         (tc.eval_interval() > 0 && it % tc.eval_interval() == 0) || it == max_iters;
     if (eval_now) {
-      ASSIGN_OR_RETURN(auto losses, estimate_loss(model, ds, cfg, eval_rng));
+      ASSIGN_OR_RETURN(auto losses, estimate_loss(*engine, ds, cfg, eval_rng));
       sum.train_loss = losses.first;
       sum.val_loss = losses.second;
       spdlog::info("step {}: train loss {:.4f}, val loss {:.4f}", it, losses.first, losses.second);
@@ -138,27 +173,26 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& conf
               << ",\"val_loss\":" << losses.second << "}\n";
       metrics.flush();
       const GptCheckpointInfo info{it, losses.first, losses.second};
+      ASSIGN_OR_RETURN(const Gpt* model, engine->host_model(),
+                       "checkpoint at step " + std::to_string(it));
       if (it > 0 && losses.second < sum.best_val_loss) {
         sum.best_val_loss = losses.second;
         RETURN_IF_ERROR(
-            save_gpt_checkpoint(out_dir / "best.safetensors", model, cfg, *tokenizer, info));
+            save_gpt_checkpoint(out_dir / "best.safetensors", *model, cfg, *tokenizer, info));
       }
-      RETURN_IF_ERROR(save_gpt_checkpoint(sum.checkpoint, model, cfg, *tokenizer, info));
+      RETURN_IF_ERROR(save_gpt_checkpoint(sum.checkpoint, *model, cfg, *tokenizer, info));
     }
     if (it == max_iters) break;
 
     const auto s0 = Clock::now();
     ASSIGN_OR_RETURN(data::Batch batch, ds.get_batch(data::Split::kTrain, b, t, batch_rng));
-    Tensor loss = model.loss(batch.x, batch.y);
-    const double loss_v = loss.item();
+    ASSIGN_OR_RETURN(const GptEngine::Step step, engine->step(batch, lr, tc.grad_clip()),
+                     "step " + std::to_string(it));
+    const double loss_v = step.loss, gnorm = step.grad_norm;
     if (!std::isfinite(loss_v)) {
       return internal_error("training diverged at step " + std::to_string(it) + ": loss is " +
                             std::to_string(loss_v) + " (lower train.learning_rate?)");
     }
-    autograd::backward(loss);
-    const double gnorm = optim::clip_grad_norm(model.parameters(), tc.grad_clip());
-    opt->step(lr);
-    opt->zero_grad();
     const double step_seconds = std::chrono::duration<double>(Clock::now() - s0).count();
     train_seconds += step_seconds;
     window_seconds += step_seconds;
@@ -175,7 +209,7 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& conf
           format_eta(per_iter * static_cast<double>(max_iters - it - 1)));
       metrics << "{\"event\":\"train\",\"iter\":" << it << ",\"loss\":" << loss_v
               << ",\"lr\":" << lr << ",\"grad_norm\":" << gnorm << ",\"tokens_per_s\":" << tps
-              << "}\n";
+              << engine->metrics_fields() << "}\n";
       window_seconds = 0.0;
       window_tokens = 0;
     }
@@ -183,9 +217,10 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& conf
   sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   sum.tokens_per_second =
       train_seconds > 0 ? static_cast<double>(sum.iters * b * t) / train_seconds : 0.0;
-  spdlog::info("done: {} steps in {:.1f} s ({:.0f} tok/s training), val loss {:.4f}, checkpoint {}",
-               sum.iters, sum.seconds, sum.tokens_per_second, sum.val_loss,
-               sum.checkpoint.string());
+  spdlog::info(
+      "done: {} steps in {:.1f} s ({:.0f} tok/s training, {}), val loss {:.4f}, checkpoint {}",
+      sum.iters, sum.seconds, sum.tokens_per_second, engine->describe(), sum.val_loss,
+      sum.checkpoint.string());
   return sum;
 }
 

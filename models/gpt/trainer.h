@@ -5,10 +5,13 @@
 
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 
+#include "core/data/text_dataset.h"
 #include "core/util/status.h"
 #include "core/wire/config.pb.h"
+#include "models/gpt/gpt.h"
 
 namespace starling::models {
 
@@ -22,9 +25,38 @@ struct TrainSummary {
   std::filesystem::path checkpoint;
 };
 
-// Trains the GPT described by `config` (read from `config_source`, named in errors).
+// The engine under train_gpt's loop: what one training step and one evaluation batch do. The
+// loop owns data, batches, schedule, evaluation cadence, logs, metrics and checkpoints; the
+// default engine is the autograd Gpt, models/gpt/fused_trainer.h has the fused one (CPU or
+// CUDA).
+class GptEngine {
+ public:
+  struct Step {
+    double loss = 0.0;       // before the update
+    double grad_norm = 0.0;  // before clipping
+  };
+  virtual ~GptEngine() = default;
+  // Appended to the "model: ..." log line, e.g. "fused engine on cuda:0".
+  virtual std::string describe() const = 0;
+  virtual int64_t num_parameters() const = 0;
+  // One optimizer step at `lr` with gradients clipped to `grad_clip` (0: none).
+  virtual Result<Step> step(const data::Batch& batch, double lr, double grad_clip) = 0;
+  // Mean loss of a batch in eval mode, without gradients.
+  virtual Result<double> eval_loss(const data::Batch& batch) = 0;
+  // The current weights as a host Gpt, for checkpoints (valid until the next step).
+  virtual Result<const Gpt*> host_model() = 0;
+  // Extra JSON fields for the metrics' train lines (",\"engine\":\"fused\"..."), or "".
+  virtual std::string metrics_fields() const { return ""; }
+};
+// Builds the engine once the tokenizer fixed the vocabulary.
+using GptEngineFactory =
+    std::function<Result<std::unique_ptr<GptEngine>>(const GptConfig&, const v1::RunConfig&)>;
+
+// Trains the GPT described by `config` (read from `config_source`, named in errors) with the
+// engine `make` builds (empty: the autograd Gpt with core/optim's AdamW or SGD).
 // Writes <out_dir>/ckpt.safetensors (last), <out_dir>/best.safetensors (lowest val loss),
 // <out_dir>/metrics.jsonl and <out_dir>/config.toml (the effective config).
-Result<TrainSummary> train_gpt(const v1::RunConfig& config, const std::string& config_source);
+Result<TrainSummary> train_gpt(const v1::RunConfig& config, const std::string& config_source,
+                               const GptEngineFactory& make = {});
 
 }  // namespace starling::models

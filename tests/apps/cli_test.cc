@@ -81,7 +81,7 @@ TEST_CASE("cli: train a tiny GPT on a text file, then sample from it", "[apps]")
   REQUIRE(s2.out == s.out);
 }
 
-TEST_CASE("cli: train --ranks 2 trains data-parallel and checkpoints; bad requests are refused",
+TEST_CASE("cli: train --ranks 2 trains data-parallel and checkpoints, bad requests are refused",
           "[apps]") {
   const fs::path d = temp_dir("ranks");
   std::string corpus;
@@ -107,9 +107,55 @@ TEST_CASE("cli: train --ranks 2 trains data-parallel and checkpoints; bad reques
   Run odd = run("train -c " + (d / "tiny.toml").string() + " --ranks 3");
   REQUIRE(odd.rc != 0);
   REQUIRE_THAT(odd.out, Catch::Contains("not a multiple of --ranks 3"));
+  Run two = run("train -c " + (d / "tiny.toml").string() + " --gpus 0,1");
+  REQUIRE(two.rc != 0);
+  REQUIRE_THAT(two.out, Catch::Contains("several GPUs is not implemented"));
+  Run fused_ranks =
+      run("train -c " + (d / "tiny.toml").string() + " --set train.engine=fused --ranks 2");
+  REQUIRE(fused_ranks.rc != 0);
+  REQUIRE_THAT(fused_ranks.out, Catch::Contains("--ranks 2 is for the autograd engine"));
+  // --device cuda trains on a GPU where one is visible, and is refused with the reason elsewhere.
+  const bool gpu_visible = run("info").out.find("cuda devices: none") == std::string::npos;
   Run gpu = run("train -c " + (d / "tiny.toml").string() + " --device cuda");
-  REQUIRE(gpu.rc != 0);
-  REQUIRE_THAT(gpu.out, Catch::Contains("no GPU training path"));
+  INFO(gpu.out);
+  if (gpu_visible) {
+    REQUIRE(gpu.rc == 0);
+    REQUIRE_THAT(gpu.out, Catch::Contains("fused, cuda:0"));
+  } else {
+    REQUIRE(gpu.rc != 0);
+    REQUIRE_THAT(gpu.out, Catch::Contains("no GPU training path"));
+  }
+}
+
+TEST_CASE("cli: train.engine = fused trains the same GPT as the autograd engine", "[apps]") {
+  const fs::path d = temp_dir("fused");
+  std::string corpus;
+  for (int i = 0; i < 200; ++i) corpus += "to be or not to be, that is the question.\n";
+  write(d / "corpus.txt", corpus);
+  const std::string base =
+      "[model]\nblock_size = 16\nn_layer = 1\nn_head = 2\nn_embd = 16\n"
+      "[data]\npath = \"" +
+      (d / "corpus.txt").string() +
+      "\"\n"
+      "[train]\nbatch_size = 4\nmax_iters = 5\nwarmup_iters = 2\nlr_decay_iters = 5\n"
+      "eval_interval = 5\neval_iters = 2\nlog_interval = 1\nthreads = 1\n";
+  write(d / "autograd.toml", base + "out_dir = \"" + (d / "a").string() + "\"\n");
+  write(d / "fused.toml", base + "engine = \"fused\"\nout_dir = \"" + (d / "f").string() + "\"\n");
+  Run a = run("train -c " + (d / "autograd.toml").string());
+  Run f = run("train -c " + (d / "fused.toml").string());
+  INFO(a.out << f.out);
+  REQUIRE(a.rc == 0);
+  REQUIRE(f.rc == 0);
+  REQUIRE_THAT(f.out, Catch::Contains("fused, cpu"));
+  // Same val loss to the 4 decimals printed ("val loss X (best Y)").
+  auto val = [](const std::string& out) { return out.substr(out.find("val loss"), 16); };
+  CHECK(val(a.out) == val(f.out));
+  Run s = run("sample " + (d / "f" / "ckpt.safetensors").string() + " -n 20 --prompt to");
+  REQUIRE(s.rc == 0);
+  REQUIRE(s.out.rfind("to", 0) == 0);
+  Run mdlm = run("train -c " + (d / "fused.toml").string() + " --set model.arch=mdlm");
+  REQUIRE(mdlm.rc != 0);
+  REQUIRE_THAT(mdlm.out, Catch::Contains("trains model.arch = \"gpt\" only"));
 }
 
 TEST_CASE("cli: train and sample a tiny masked diffusion LM", "[apps]") {

@@ -1,0 +1,114 @@
+// FusedBackend: the arithmetic of the fused GPT trainer (models/gpt/fused_gpt.h) as a small
+// table of operations over flat buffers in the backend's memory. Two implementations: the CPU
+// one (fused_cpu.cc, plain loops + OpenBLAS, always built) is the oracle; the CUDA one
+// (fused_cuda.cc, CUDA builds) calls core/cuda's launchers on one stream.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "core/util/status.h"
+
+namespace starling::models {
+
+// Positions of a batch grouped by token, for a deterministic embedding backward: bucket u holds
+// token tokens[u] at positions order[starts[u]] .. order[starts[u + 1] - 1], in increasing
+// position order. All three arrays live in backend memory. Built on the host from the batch
+// (make_encoder_buckets in fused_gpt.cc), uploaded with the tokens.
+struct EncoderBuckets {
+  const int* order = nullptr;   // (B*T) positions sorted by (token, position)
+  const int* starts = nullptr;  // (num_unique + 1) offsets into order
+  const int* tokens = nullptr;  // (num_unique) the token of each bucket
+  int num_unique = 0;
+};
+
+// One AdamW step's scalars (core/optim's AdamW arithmetic; `step` counts from 1).
+struct FusedAdamW {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  long step = 1;
+};
+
+// Every pointer is backend memory from alloc() unless said otherwise. Operations are enqueued
+// in call order; only copy_to_host() and synchronize() wait for them. Forward ops overwrite
+// their outputs; backward ops overwrite theirs too, except encoder_backward, which accumulates
+// (the tied head's gradient is already in dwte). Shapes: B batch, T time, C channels, V
+// vocabulary, H heads, N = B*T rows. Not thread-safe: one trainer per backend.
+class FusedBackend {
+ public:
+  virtual ~FusedBackend() = default;
+  virtual std::string name() const = 0;
+
+  // Zero-filled bytes (nbytes == 0 gives nullptr). Out of memory: ResourceExhausted.
+  virtual Result<void*> alloc(size_t nbytes) = 0;
+  virtual void free(void* p) = 0;
+  virtual void copy_to_backend(void* dst, const void* host_src, size_t nbytes) = 0;
+  // Waits for every enqueued operation, then copies.
+  virtual void copy_to_host(void* host_dst, const void* src, size_t nbytes) = 0;
+  virtual void zero(void* p, size_t nbytes) = 0;
+  virtual void synchronize() = 0;
+
+  // idx: (B, T) i32, wte: (V, C), wpe: (>=T, C) -> out: (B, T, C) = wte[idx] + wpe[t].
+  virtual void encoder_forward(float* out, const int* idx, const float* wte, const float* wpe,
+                               int b, int t, int c) = 0;
+  // dout: (B, T, C) -> dwte[token] += sum of dout rows of that token (in position order),
+  // dwpe[t] += sum over b of dout[b, t] (in b order).
+  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout,
+                                const EncoderBuckets& buckets, int b, int t, int c) = 0;
+  // x: (N, C), weight: (C), bias: (C) or null -> out: (N, C), mean, rstd: (N). eps 1e-5.
+  virtual void layer_norm_forward(float* out, float* mean, float* rstd, const float* x,
+                                  const float* weight, const float* bias, int n, int c) = 0;
+  // dout, x: (N, C) -> dx: (N, C), dweight, dbias: (C) (dbias may be null).
+  virtual void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* dout,
+                                   const float* x, const float* weight, const float* mean,
+                                   const float* rstd, int n, int c) = 0;
+  // x: (N, IN), weight: (OUT, IN), bias: (OUT) or null -> out: (N, OUT) = x weight^T + bias.
+  virtual void linear_forward(float* out, const float* x, const float* weight, const float* bias,
+                              int n, int in, int out_features) = 0;
+  // dout: (N, OUT) -> dx: (N, IN), dweight: (OUT, IN), dbias: (OUT) or null.
+  virtual void linear_backward(float* dx, float* dweight, float* dbias, const float* dout,
+                               const float* x, const float* weight, int n, int in,
+                               int out_features) = 0;
+  // Causal attention over packed heads. qkv: (B, T, 3C) -> out: (B, T, C), att: (B, H, T, T).
+  virtual void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
+                                 int h) = 0;
+  // dout: (B, T, C), scratch: (B, H, T, T) -> dqkv: (B, T, 3C).
+  virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                  const float* att, int b, int t, int c, int h) = 0;
+  // Exact (erf) GELU over n values; backward dx = dout * gelu'(x) (dx may alias dout).
+  virtual void gelu_forward(float* out, const float* x, size_t n) = 0;
+  virtual void gelu_backward(float* dx, const float* dout, const float* x, size_t n) = 0;
+  // out = a + b over n values (out may alias a or b).
+  virtual void residual_add(float* out, const float* a, const float* b, size_t n) = 0;
+  // logits: (N, V), targets: (N) in [0, V) -> losses: (N), loss: () the mean.
+  virtual void cross_entropy_forward(float* losses, float* loss, const float* logits,
+                                     const int* targets, int n, int v) = 0;
+  // dlogits: (N, V) = (softmax(logits) - onehot(target)) / N, the gradient of the mean loss.
+  virtual void cross_entropy_backward(float* dlogits, const float* logits, const int* targets,
+                                      int n, int v) = 0;
+  // One AdamW step on n weights with their gradients and moments.
+  virtual void adamw(float* params, const float* grads, float* m, float* v, size_t n,
+                     const FusedAdamW& s) = 0;
+  // out: () = sum of x[i]^2 in double (deterministic order).
+  virtual void sum_squares(double* out, const float* x, size_t n) = 0;
+  // Global-norm clipping without a host round trip: norm = sqrt(*norm_sq); when max_norm > 0
+  // and norm > max_norm, x *= max_norm / (norm + 1e-6) (core/optim's clip_grad_norm).
+  virtual void clip_scale(float* x, size_t n, const double* norm_sq, double max_norm) = 0;
+
+  // Bytes currently allocated and the high-water mark (for benchmarks).
+  virtual size_t bytes_in_use() const = 0;
+  virtual size_t peak_bytes() const = 0;
+};
+
+// The CPU backend: plain loops, OpenMP over rows, OpenBLAS sgemm for the products.
+std::unique_ptr<FusedBackend> make_fused_cpu_backend();
+
+// The CUDA backend on GPU `device`: core/cuda launchers on one non-blocking stream, cuBLAS in
+// plain fp32 (no TF32). Unimplemented in builds without CUDA; NotFound without that GPU.
+Result<std::unique_ptr<FusedBackend>> make_fused_cuda_backend(int device);
+
+}  // namespace starling::models

@@ -1,0 +1,345 @@
+// The CPU FusedBackend: plain loops (OpenMP over rows where the work is large), OpenBLAS sgemm
+// for the products. It is the oracle of the fused trainer's orchestration and of the CUDA
+// backend's new kernels; every reduction runs in a fixed order, so results are reproducible.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <unordered_map>
+#include <vector>
+
+#include "models/gpt/fused_backend.h"
+
+namespace starling::models {
+namespace {
+
+void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+           const float* b, int ldb, float beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+              k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+class CpuBackend final : public FusedBackend {
+ public:
+  ~CpuBackend() override {
+    for (auto& [p, n] : live_) std::free(p);
+  }
+  std::string name() const override { return "cpu"; }
+
+  Result<void*> alloc(size_t nbytes) override {
+    if (nbytes == 0) return static_cast<void*>(nullptr);
+    void* p = std::calloc(1, nbytes);
+    if (p == nullptr) {
+      return resource_exhausted("fused cpu backend: cannot allocate " + std::to_string(nbytes) +
+                                " bytes");
+    }
+    live_[p] = nbytes;
+    in_use_ += nbytes;
+    peak_ = std::max(peak_, in_use_);
+    return p;
+  }
+  void free(void* p) override {
+    if (p == nullptr) return;
+    auto it = live_.find(p);
+    if (it == live_.end()) return;
+    in_use_ -= it->second;
+    live_.erase(it);
+    std::free(p);
+  }
+  void copy_to_backend(void* dst, const void* src, size_t nbytes) override {
+    if (nbytes > 0) std::memcpy(dst, src, nbytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t nbytes) override {
+    if (nbytes > 0) std::memcpy(dst, src, nbytes);
+  }
+  void zero(void* p, size_t nbytes) override {
+    if (nbytes > 0) std::memset(p, 0, nbytes);
+  }
+  void synchronize() override {}
+
+  void encoder_forward(float* out, const int* idx, const float* wte, const float* wpe, int b, int t,
+                       int c) override {
+#pragma omp parallel for if (int64_t{b} * t * c > (1 << 16))
+    for (int64_t r = 0; r < int64_t{b} * t; ++r) {
+      const float* we = wte + static_cast<int64_t>(idx[r]) * c;
+      const float* pe = wpe + (r % t) * c;
+      float* o = out + r * c;
+      for (int j = 0; j < c; ++j) o[j] = we[j] + pe[j];
+    }
+  }
+
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const EncoderBuckets& bk,
+                        int b, int t, int c) override {
+    // Each token's row sums its positions in increasing order (the buckets' order), then adds
+    // once: the same order as the CUDA kernel.
+#pragma omp parallel
+    {
+      std::vector<float> acc(static_cast<size_t>(c));
+#pragma omp for schedule(dynamic, 4)
+      for (int u = 0; u < bk.num_unique; ++u) {
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int i = bk.starts[u]; i < bk.starts[u + 1]; ++i) {
+          const float* g = dout + static_cast<int64_t>(bk.order[i]) * c;
+          for (int j = 0; j < c; ++j) acc[j] += g[j];
+        }
+        float* w = dwte + static_cast<int64_t>(bk.tokens[u]) * c;
+        for (int j = 0; j < c; ++j) w[j] += acc[j];
+      }
+#pragma omp for
+      for (int tt = 0; tt < t; ++tt) {
+        float* w = dwpe + static_cast<int64_t>(tt) * c;
+        for (int j = 0; j < c; ++j) {
+          float s = 0.0f;
+          for (int bb = 0; bb < b; ++bb) s += dout[(static_cast<int64_t>(bb) * t + tt) * c + j];
+          w[j] += s;
+        }
+      }
+    }
+  }
+
+  void layer_norm_forward(float* out, float* mean, float* rstd, const float* x, const float* weight,
+                          const float* bias, int n, int c) override {
+#pragma omp parallel for if (int64_t{n} * c > (1 << 14))
+    for (int r = 0; r < n; ++r) {
+      const float* row = x + static_cast<int64_t>(r) * c;
+      float m = 0.0f;
+      for (int j = 0; j < c; ++j) m += row[j];
+      m /= static_cast<float>(c);
+      float v = 0.0f;
+      for (int j = 0; j < c; ++j) v += (row[j] - m) * (row[j] - m);
+      v /= static_cast<float>(c);
+      const float rs = 1.0f / std::sqrt(v + 1e-5f);
+      mean[r] = m;
+      rstd[r] = rs;
+      float* o = out + static_cast<int64_t>(r) * c;
+      for (int j = 0; j < c; ++j) o[j] = (row[j] - m) * rs * weight[j] + (bias ? bias[j] : 0.0f);
+    }
+  }
+
+  void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* dout,
+                           const float* x, const float* weight, const float* mean,
+                           const float* rstd, int n, int c) override {
+#pragma omp parallel for if (int64_t{n} * c > (1 << 14))
+    for (int r = 0; r < n; ++r) {
+      const float* row = x + static_cast<int64_t>(r) * c;
+      const float* g = dout + static_cast<int64_t>(r) * c;
+      const float m = mean[r], rs = rstd[r];
+      float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+      for (int j = 0; j < c; ++j) {
+        const float dnorm = g[j] * weight[j];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * (row[j] - m) * rs;
+      }
+      dnorm_mean /= static_cast<float>(c);
+      dnorm_norm_mean /= static_cast<float>(c);
+      float* d = dx + static_cast<int64_t>(r) * c;
+      for (int j = 0; j < c; ++j) {
+        const float norm = (row[j] - m) * rs;
+        d[j] = (g[j] * weight[j] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+      }
+    }
+    // Column sums in row order.
+#pragma omp parallel for if (int64_t{n} * c > (1 << 14))
+    for (int j = 0; j < c; ++j) {
+      float sw = 0.0f, sb = 0.0f;
+      for (int r = 0; r < n; ++r) {
+        const float g = dout[static_cast<int64_t>(r) * c + j];
+        sw += g * (x[static_cast<int64_t>(r) * c + j] - mean[r]) * rstd[r];
+        sb += g;
+      }
+      dweight[j] = sw;
+      if (dbias) dbias[j] = sb;
+    }
+  }
+
+  void linear_forward(float* out, const float* x, const float* weight, const float* bias, int n,
+                      int in, int out_features) override {
+    sgemm(false, true, n, out_features, in, 1.0f, x, in, weight, in, 0.0f, out, out_features);
+    if (bias == nullptr) return;
+#pragma omp parallel for if (int64_t{n} * out_features > (1 << 16))
+    for (int r = 0; r < n; ++r) {
+      float* o = out + static_cast<int64_t>(r) * out_features;
+      for (int j = 0; j < out_features; ++j) o[j] += bias[j];
+    }
+  }
+
+  void linear_backward(float* dx, float* dweight, float* dbias, const float* dout, const float* x,
+                       const float* weight, int n, int in, int out_features) override {
+    sgemm(false, false, n, in, out_features, 1.0f, dout, out_features, weight, in, 0.0f, dx, in);
+    sgemm(true, false, out_features, in, n, 1.0f, dout, out_features, x, in, 0.0f, dweight, in);
+    if (dbias == nullptr) return;
+#pragma omp parallel for if (int64_t{n} * out_features > (1 << 16))
+    for (int j = 0; j < out_features; ++j) {
+      float s = 0.0f;
+      for (int r = 0; r < n; ++r) s += dout[static_cast<int64_t>(r) * out_features + j];
+      dbias[j] = s;
+    }
+  }
+
+  void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
+                         int h) override {
+    const int d = c / h;
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+#pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < b * h; ++bh) {
+      const int bb = bh / h, hh = bh % h;
+      const float* q = qkv + static_cast<int64_t>(bb) * t * 3 * c + hh * d;
+      float* p = att + static_cast<int64_t>(bh) * t * t;
+      sgemm(false, true, t, t, d, scale, q, 3 * c, q + c, 3 * c, 0.0f, p, t);
+      for (int i = 0; i < t; ++i) {
+        float* row = p + static_cast<int64_t>(i) * t;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+        float s = 0.0f;
+        for (int j = 0; j <= i; ++j) {
+          row[j] = std::exp(row[j] - mx);
+          s += row[j];
+        }
+        const float inv = 1.0f / s;
+        for (int j = 0; j <= i; ++j) row[j] *= inv;
+        for (int j = i + 1; j < t; ++j) row[j] = 0.0f;
+      }
+      sgemm(false, false, t, d, t, 1.0f, p, t, q + 2 * c, 3 * c, 0.0f,
+            out + static_cast<int64_t>(bb) * t * c + hh * d, c);
+    }
+  }
+
+  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                          const float* att, int b, int t, int c, int h) override {
+    const int d = c / h;
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+#pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < b * h; ++bh) {
+      const int bb = bh / h, hh = bh % h;
+      const int64_t io = static_cast<int64_t>(bb) * t * 3 * c + hh * d;
+      const float* q = qkv + io;
+      const float* p = att + static_cast<int64_t>(bh) * t * t;
+      const float* go = dout + static_cast<int64_t>(bb) * t * c + hh * d;
+      float* dp = scratch + static_cast<int64_t>(bh) * t * t;
+      float* gq = dqkv + io;
+      sgemm(true, false, t, d, t, 1.0f, p, t, go, c, 0.0f, gq + 2 * c, 3 * c);  // dV = P^T dO
+      sgemm(false, true, t, t, d, 1.0f, go, c, q + 2 * c, 3 * c, 0.0f, dp, t);  // dP = dO V^T
+      for (int i = 0; i < t; ++i) {  // dS = P * (dP - rowsum(dP * P)) * scale
+        float* row = dp + static_cast<int64_t>(i) * t;
+        const float* prow = p + static_cast<int64_t>(i) * t;
+        float dot = 0.0f;
+        for (int j = 0; j < t; ++j) dot += row[j] * prow[j];
+        for (int j = 0; j < t; ++j) row[j] = prow[j] * (row[j] - dot) * scale;
+      }
+      sgemm(false, false, t, d, t, 1.0f, dp, t, q + c, 3 * c, 0.0f, gq, 3 * c);  // dQ = dS K
+      sgemm(true, false, t, d, t, 1.0f, dp, t, q, 3 * c, 0.0f, gq + c, 3 * c);   // dK = dS^T Q
+    }
+  }
+
+  void gelu_forward(float* out, const float* x, size_t n) override {
+#pragma omp parallel for simd if (n > (1 << 16))
+    for (size_t i = 0; i < n; ++i) {
+      out[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.7071067811865476f));
+    }
+  }
+  void gelu_backward(float* dx, const float* dout, const float* x, size_t n) override {
+#pragma omp parallel for simd if (n > (1 << 16))
+    for (size_t i = 0; i < n; ++i) {
+      const float cdf = 0.5f * (1.0f + std::erf(x[i] * 0.7071067811865476f));
+      const float pdf = std::exp(-0.5f * x[i] * x[i]) * 0.3989422804014327f;
+      dx[i] = dout[i] * (cdf + x[i] * pdf);
+    }
+  }
+  void residual_add(float* out, const float* a, const float* b, size_t n) override {
+#pragma omp parallel for simd if (n > (1 << 16))
+    for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  }
+
+  void cross_entropy_forward(float* losses, float* loss, const float* logits, const int* targets,
+                             int n, int v) override {
+#pragma omp parallel for if (int64_t{n} * v > (1 << 14))
+    for (int r = 0; r < n; ++r) {
+      const float* row = logits + static_cast<int64_t>(r) * v;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int j = 0; j < v; ++j) mx = std::max(mx, row[j]);
+      float s = 0.0f;
+      for (int j = 0; j < v; ++j) s += std::exp(row[j] - mx);
+      losses[r] = mx + std::log(s) - row[targets[r]];
+    }
+    double sum = 0.0;
+    for (int r = 0; r < n; ++r) sum += losses[r];
+    *loss = n > 0 ? static_cast<float>(sum / n) : 0.0f;
+  }
+
+  void cross_entropy_backward(float* dlogits, const float* logits, const int* targets, int n,
+                              int v) override {
+    const float inv_n = 1.0f / static_cast<float>(std::max(n, 1));
+#pragma omp parallel for if (int64_t{n} * v > (1 << 14))
+    for (int r = 0; r < n; ++r) {
+      const float* row = logits + static_cast<int64_t>(r) * v;
+      float* d = dlogits + static_cast<int64_t>(r) * v;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int j = 0; j < v; ++j) mx = std::max(mx, row[j]);
+      float s = 0.0f;
+      for (int j = 0; j < v; ++j) s += std::exp(row[j] - mx);
+      const float inv_s = 1.0f / s;
+      for (int j = 0; j < v; ++j) d[j] = std::exp(row[j] - mx) * inv_s * inv_n;
+      d[targets[r]] -= inv_n;
+    }
+  }
+
+  void adamw(float* p, const float* g, float* m, float* v, size_t n, const FusedAdamW& s) override {
+    const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
+    const double bc2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));
+    const float b1 = static_cast<float>(s.beta1), b2 = static_cast<float>(s.beta2);
+    const float step_size = static_cast<float>(s.lr / bc1);
+    const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+    const float eps = static_cast<float>(s.eps);
+    const float decay = static_cast<float>(1.0 - s.lr * s.weight_decay);
+#pragma omp parallel for simd if (n > (1 << 15))
+    for (size_t j = 0; j < n; ++j) {
+      const float gj = g[j];
+      m[j] = b1 * m[j] + (1 - b1) * gj;
+      v[j] = b2 * v[j] + (1 - b2) * gj * gj;
+      const float denom = std::sqrt(v[j]) * inv_sqrt_bc2 + eps;
+      p[j] = p[j] * decay - step_size * m[j] / denom;
+    }
+  }
+
+  void sum_squares(double* out, const float* x, size_t n) override {
+    // Fixed chunks summed in order: the result does not depend on the thread count.
+    constexpr size_t kChunk = 1 << 16;
+    const size_t chunks = (n + kChunk - 1) / kChunk;
+    std::vector<double> part(chunks, 0.0);
+#pragma omp parallel for if (chunks > 1)
+    for (size_t ch = 0; ch < chunks; ++ch) {
+      double s = 0.0;
+      const size_t end = std::min(n, (ch + 1) * kChunk);
+      for (size_t i = ch * kChunk; i < end; ++i) s += static_cast<double>(x[i]) * x[i];
+      part[ch] = s;
+    }
+    double total = 0.0;
+    for (double p : part) total += p;
+    *out = total;
+  }
+
+  void clip_scale(float* x, size_t n, const double* norm_sq, double max_norm) override {
+    const double norm = std::sqrt(*norm_sq);
+    if (!(max_norm > 0.0 && norm > max_norm)) return;
+    const float s = static_cast<float>(max_norm / (norm + 1e-6));
+#pragma omp parallel for simd if (n > (1 << 16))
+    for (size_t i = 0; i < n; ++i) x[i] *= s;
+  }
+
+  size_t bytes_in_use() const override { return in_use_; }
+  size_t peak_bytes() const override { return peak_; }
+
+ private:
+  std::unordered_map<void*, size_t> live_;
+  size_t in_use_ = 0, peak_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<FusedBackend> make_fused_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace starling::models

@@ -1,0 +1,183 @@
+// The CUDA FusedBackend: core/cuda launchers on one non-blocking stream, cuBLAS in plain fp32,
+// memory from a DeviceAllocator. Nothing waits for the device except copy_to_host and
+// synchronize. In builds without CUDA, make_fused_cuda_backend says so.
+#include "models/gpt/fused_backend.h"
+
+#if defined(STARLING_WITH_CUDA)
+#include <algorithm>
+
+#include "core/cuda/allocator.h"
+#include "core/cuda/check.h"
+#include "core/cuda/handles.h"
+#include "core/cuda/kernels.h"
+
+namespace starling::models {
+namespace {
+
+constexpr int kIgnoreIndex = -100;  // never a token: every target is in [0, V)
+
+class CudaBackend final : public FusedBackend {
+ public:
+  explicit CudaBackend(int device)
+      : device_(device),
+        alloc_(device),
+        stream_(cuda::make_stream()),
+        cublas_(cuda::make_cublas()) {}
+
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_.get());
+    alloc_.deallocate(scratch_);
+  }
+
+  Status init() {
+    // [valid_count: int][dloss = 1: float] then the sum-of-squares partials (doubles).
+    ASSIGN_OR_RETURN(scratch_, alloc_.allocate(16 + cuda::kSumSquaresBlocks * sizeof(double)));
+    const float one = 1.0f;
+    STARLING_CUDA_CHECK(cudaMemsetAsync(scratch_, 0, 16, stream_.get()));
+    STARLING_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(scratch_) + 4, &one, sizeof one,
+                                        cudaMemcpyHostToDevice, stream_.get()));
+    STARLING_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    return ok_status();
+  }
+
+  std::string name() const override { return "cuda:" + std::to_string(device_); }
+
+  Result<void*> alloc(size_t nbytes) override {
+    ASSIGN_OR_RETURN(void* p, alloc_.allocate(nbytes));
+    if (p != nullptr) STARLING_CUDA_CHECK(cudaMemsetAsync(p, 0, nbytes, stream_.get()));
+    return p;
+  }
+  void free(void* p) override {
+    // The allocator hands blocks out again in stream order; wait so no queued kernel reads it.
+    STARLING_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    alloc_.deallocate(p);
+  }
+  void copy_to_backend(void* dst, const void* src, size_t nbytes) override {
+    if (nbytes == 0) return;
+    STARLING_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream_.get()));
+  }
+  void copy_to_host(void* dst, const void* src, size_t nbytes) override {
+    if (nbytes > 0) {
+      STARLING_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream_.get()));
+    }
+    STARLING_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  }
+  void zero(void* p, size_t nbytes) override {
+    if (nbytes > 0) STARLING_CUDA_CHECK(cudaMemsetAsync(p, 0, nbytes, stream_.get()));
+  }
+  void synchronize() override { STARLING_CUDA_CHECK(cudaStreamSynchronize(stream_.get())); }
+
+  void encoder_forward(float* out, const int* idx, const float* wte, const float* wpe, int b, int t,
+                       int c) override {
+    cuda::encoder_forward(out, idx, wte, wpe, b, t, c, stream_.get());
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const EncoderBuckets& bk,
+                        int b, int t, int c) override {
+    cuda::encoder_backward(dwte, dwpe, dout, bk.order, bk.starts, bk.tokens, bk.num_unique, b, t, c,
+                           stream_.get());
+  }
+  void layer_norm_forward(float* out, float* mean, float* rstd, const float* x, const float* weight,
+                          const float* bias, int n, int c) override {
+    cuda::layer_norm_forward(out, mean, rstd, x, weight, bias, n, c, 1e-5f, stream_.get());
+  }
+  void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* dout,
+                           const float* x, const float* weight, const float* mean,
+                           const float* rstd, int n, int c) override {
+    cuda::layer_norm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, n, c, stream_.get());
+  }
+  void linear_forward(float* out, const float* x, const float* weight, const float* bias, int n,
+                      int in, int out_features) override {
+    cuda::linear_forward(out, x, weight, bias, n, in, out_features, cublas_.get(), stream_.get());
+  }
+  void linear_backward(float* dx, float* dweight, float* dbias, const float* dout, const float* x,
+                       const float* weight, int n, int in, int out_features) override {
+    cuda::linear_backward(dx, dweight, dbias, dout, x, weight, n, in, out_features, cublas_.get(),
+                          stream_.get());
+  }
+  void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
+                         int h) override {
+    cuda::attention_forward(out, att, qkv, b, t, c, h, true, cublas_.get(), stream_.get());
+  }
+  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                          const float* att, int b, int t, int c, int h) override {
+    cuda::attention_backward(dqkv, scratch, dout, qkv, att, b, t, c, h, cublas_.get(),
+                             stream_.get());
+  }
+  void gelu_forward(float* out, const float* x, size_t n) override {
+    cuda::gelu_forward(out, x, n, stream_.get());
+  }
+  void gelu_backward(float* dx, const float* dout, const float* x, size_t n) override {
+    cuda::gelu_backward(dx, dout, x, n, stream_.get());
+  }
+  void residual_add(float* out, const float* a, const float* b, size_t n) override {
+    cuda::residual_add(out, a, b, n, stream_.get());
+  }
+  void cross_entropy_forward(float* losses, float* loss, const float* logits, const int* targets,
+                             int n, int v) override {
+    cuda::cross_entropy_forward(losses, loss, valid_count(), logits, targets, n, v, kIgnoreIndex,
+                                stream_.get());
+  }
+  void cross_entropy_backward(float* dlogits, const float* logits, const int* targets, int n,
+                              int v) override {
+    cuda::cross_entropy_backward(dlogits, logits, targets, dloss_one(), valid_count(), n, v,
+                                 kIgnoreIndex, stream_.get());
+  }
+  void adamw(float* params, const float* grads, float* m, float* v, size_t n,
+             const FusedAdamW& s) override {
+    const cuda::AdamWStep st{s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.step};
+    cuda::adamw_step(params, nullptr, grads, m, v, n, st, stream_.get());
+  }
+  void sum_squares(double* out, const float* x, size_t n) override {
+    cuda::sum_squares(out, partials(), x, n, stream_.get());
+  }
+  void clip_scale(float* x, size_t n, const double* norm_sq, double max_norm) override {
+    cuda::clip_scale(x, n, norm_sq, max_norm, stream_.get());
+  }
+
+  size_t bytes_in_use() const override { return alloc_.stats().in_use; }
+  size_t peak_bytes() const override { return alloc_.stats().peak_in_use; }
+
+ private:
+  int* valid_count() const { return static_cast<int*>(scratch_); }
+  const float* dloss_one() const {
+    return reinterpret_cast<const float*>(static_cast<char*>(scratch_) + 4);
+  }
+  double* partials() const { return reinterpret_cast<double*>(static_cast<char*>(scratch_) + 16); }
+
+  int device_;
+  cuda::DeviceAllocator alloc_;
+  cuda::Stream stream_;
+  cuda::CublasHandle cublas_;
+  void* scratch_ = nullptr;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<FusedBackend>> make_fused_cuda_backend(int device) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
+    cudaGetLastError();  // clear the error state of a failed query
+    return not_found("--gpus " + std::to_string(device) + ": no such CUDA device (" +
+                     std::to_string(count) + " visible)");
+  }
+  STARLING_CUDA_CHECK(cudaSetDevice(device));
+  auto b = std::make_unique<CudaBackend>(device);
+  RETURN_IF_ERROR(b->init(), "cuda:" + std::to_string(device));
+  return std::unique_ptr<FusedBackend>(std::move(b));
+}
+
+}  // namespace starling::models
+
+#else
+
+namespace starling::models {
+
+Result<std::unique_ptr<FusedBackend>> make_fused_cuda_backend(int device) {
+  return unimplemented("cuda:" + std::to_string(device) +
+                       ": this starling build has no CUDA backend (configure with the cuda "
+                       "preset on a machine with the CUDA toolkit)");
+}
+
+}  // namespace starling::models
+
+#endif

@@ -1,0 +1,154 @@
+// FusedGpt: the GPT of models/gpt/gpt.h trained llm.c-style over flat buffers: one fp32
+// parameter buffer in nanoGPT order, one gradient buffer of the same layout, AdamW moments,
+// activations sized once for (B, T). Its arithmetic goes through a FusedBackend (CPU or CUDA);
+// a step enqueues forward, backward, clipping and AdamW and reads back only the loss and the
+// gradient norm. Weights load from and export to models::Gpt's StateDict.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/io/state_dict.h"
+#include "core/tensor/tensor.h"
+#include "models/gpt/fused_backend.h"
+#include "models/gpt/gpt.h"
+
+namespace starling::models {
+
+// One tensor of the flat buffers: its StateDict name and shape, where it starts (in floats) and
+// whether AdamW decays it (matrices and embeddings, as optim::decay_matrices_only).
+struct FusedParam {
+  std::string name;
+  Shape shape;
+  size_t offset = 0;
+  size_t numel = 0;
+  bool decay = false;
+};
+
+// The flat layout of a GPT's parameters, in models::Gpt's state-dict order: wte, wpe, per layer
+// ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, then ln_f (biases when
+// config.bias). REQUIRES: config.validate() is ok.
+std::vector<FusedParam> fused_gpt_layout(const GptConfig& config);
+
+// Why the fused trainer cannot run `config` (dropout > 0, non-causal attention, an invalid
+// shape), or ok. `batch` and `time` are B and T of the activations (1 <= T <= block_size).
+Status check_fused_gpt_config(const GptConfig& config, int64_t batch, int64_t time);
+
+struct FusedOptimizer {
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double eps = 1e-8;
+  double weight_decay = 0.1;  // applied to FusedParam::decay tensors only
+};
+
+struct FusedStepResult {
+  double loss = 0.0;       // mean cross-entropy of the batch, before the update
+  double grad_norm = 0.0;  // global L2 norm before clipping
+};
+
+class FusedGpt {
+ public:
+  // Allocates parameters, gradients, AdamW moments and activations for batches of (B, T) on
+  // `backend` and initializes the weights as models::Gpt(config, seed) does (same values).
+  static Result<std::unique_ptr<FusedGpt>> make(const GptConfig& config, int64_t batch,
+                                                int64_t time, uint64_t seed,
+                                                std::unique_ptr<FusedBackend> backend);
+  ~FusedGpt();
+  FusedGpt(const FusedGpt&) = delete;
+  FusedGpt& operator=(const FusedGpt&) = delete;
+
+  const GptConfig& config() const { return config_; }
+  int64_t batch() const { return b_; }
+  int64_t time() const { return t_; }
+  const std::vector<FusedParam>& layout() const { return layout_; }
+  size_t num_parameters() const { return num_params_; }
+  FusedBackend& backend() { return *backend_; }
+  // AdamW steps taken so far.
+  int64_t steps() const { return steps_; }
+
+  // Copies weights in (names and shapes must match models::Gpt's; nanoGPT's tied
+  // "lm_head.weight" is ignored). A missing, unknown or misshapen tensor is InvalidArgument
+  // naming it; then nothing is changed.
+  Status load(const io::StateDict& sd);
+  // The weights as a StateDict of host tensors in models::Gpt's order and names.
+  io::StateDict state_dict();
+
+  // idx, targets: (B, T) row-major token ids in [0, V) (host memory). Bad sizes or ids:
+  // InvalidArgument naming the first bad position. Returns the mean loss (waits for it).
+  Result<double> loss(const int32_t* idx, const int32_t* targets, size_t count);
+  // One training step: forward, backward, global-norm clipping at grad_clip (0: none), AdamW
+  // with learning rate lr. Only the loss and the norm come back to the host, at the end.
+  Result<FusedStepResult> train_step(const int32_t* idx, const int32_t* targets, size_t count,
+                                     double lr, const FusedOptimizer& opt, double grad_clip);
+  // Forward and backward only (gradients stay in the gradient buffer); returns the loss.
+  Result<double> forward_backward(const int32_t* idx, const int32_t* targets, size_t count);
+
+  // Host copies for tests and tools.
+  std::vector<float> parameters_host();
+  std::vector<float> gradients_host();
+  std::vector<float> logits_host();  // (B, T, V) of the last forward
+
+ private:
+  FusedGpt(const GptConfig& config, int64_t b, int64_t t, std::unique_ptr<FusedBackend> backend);
+  Status allocate();
+  Status set_batch(const int32_t* idx, const int32_t* targets, size_t count);
+  void forward();
+  void backward();
+
+  // nullptr for index -1 (an absent bias).
+  float* param(int i) const { return i < 0 ? nullptr : params_ + layout_[i].offset; }
+  float* grad(int i) const { return i < 0 ? nullptr : grads_ + layout_[i].offset; }
+
+  GptConfig config_;
+  int64_t b_, t_;
+  std::unique_ptr<FusedBackend> backend_;
+  std::vector<FusedParam> layout_;
+  size_t num_params_ = 0;
+  // Indices into layout_ of each block's tensors (-1: no bias), and of wte, wpe, ln_f.
+  struct BlockIndex {
+    int ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+  };
+  std::vector<BlockIndex> blocks_;
+  int wte_ = 0, wpe_ = 1, lnfw_ = -1, lnfb_ = -1;
+  int64_t steps_ = 0;
+
+  std::vector<void*> owned_;  // every backend allocation, freed in ~FusedGpt
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+  float* m_ = nullptr;
+  float* v_ = nullptr;
+
+  struct Activations {
+    int* idx = nullptr;      // (B, T)
+    int* targets = nullptr;  // (B, T)
+    int* bucket_order = nullptr;
+    int* bucket_starts = nullptr;
+    int* bucket_tokens = nullptr;
+    int num_unique = 0;
+    std::vector<float*> residual;  // L + 1 of (B, T, C): x_0 (embeddings) .. x_L
+    std::vector<float*> ln1, ln1_mean, ln1_rstd, qkv, atty, att, resid_mid, ln2, ln2_mean, ln2_rstd,
+        fch, fch_gelu;
+    float* tmp = nullptr;  // (B, T, C): attention / MLP projections before the residual add
+    float* lnf = nullptr;
+    float* lnf_mean = nullptr;
+    float* lnf_rstd = nullptr;
+    float* logits = nullptr;  // (B, T, V)
+    float* losses = nullptr;  // (B, T)
+    // Backward scratch.
+    float* dlogits = nullptr;  // (B, T, V)
+    float* dres = nullptr;     // (B, T, C): gradient of the residual stream
+    float* dbtc = nullptr;     // (B, T, C)
+    float* dbtc2 = nullptr;    // (B, T, C)
+    float* dqkv = nullptr;     // (B, T, 3C)
+    float* dfch = nullptr;     // (B, T, 4C)
+    float* datt = nullptr;     // (B, H, T, T)
+                               // [norm_sq: double][loss: float], read back together.
+    void* scalars = nullptr;
+  } a_;
+  // Host staging of the batch (kept until the next batch: copies may still read them).
+  std::vector<int32_t> h_order_, h_starts_, h_tokens_, h_count_;
+};
+
+}  // namespace starling::models

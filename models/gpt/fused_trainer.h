@@ -1,0 +1,30 @@
+// train_gpt_fused: models::train_gpt's loop (same data, batches, schedule, clipping, evaluation,
+// logs, metrics and checkpoints) over the FusedGpt engine on a CPU or CUDA backend. `starling
+// train` runs it for train.engine = "fused" and for --device cuda.
+#pragma once
+
+#include <string>
+
+#include "core/util/status.h"
+#include "core/wire/config.pb.h"
+#include "models/gpt/trainer.h"
+
+namespace starling::models {
+
+struct FusedTrainOptions {
+  bool cuda = false;  // false: the CPU backend
+  int gpu = 0;        // the CUDA device when cuda
+};
+
+// Same outputs as train_gpt (<out_dir>/ckpt.safetensors, best.safetensors, metrics.jsonl,
+// config.toml); `starling sample` and the federation read them as usual. Refuses (with the
+// reason) what the fused engine does not support: non-GPT archs, dropout > 0, non-causal
+// attention, RoPE, the SGD optimizer; and a CUDA request in a build or machine without it.
+// The engine for train_gpt (GptEngineFactory): the checks above, then a FusedGpt on the chosen
+// backend.
+GptEngineFactory fused_engine_factory(const FusedTrainOptions& options);
+
+Result<TrainSummary> train_gpt_fused(const v1::RunConfig& config, const std::string& config_source,
+                                     const FusedTrainOptions& options);
+
+}  // namespace starling::models

@@ -1,0 +1,394 @@
+// The fused GPT trainer on the CPU backend against the autograd GPT: logits, loss, every
+// gradient, 10 steps of train_gpt's loop, state dict round trips, and refused configs.
+#include "models/gpt/fused_gpt.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/autograd/autograd.h"
+#include "core/config/toml_config.h"
+#include "core/io/safetensors.h"
+#include "models/gpt/fused_trainer.h"
+#include "models/gpt/trainer.h"
+
+namespace starling::models {
+namespace {
+
+GptConfig tiny(bool bias) {
+  GptConfig c;
+  c.vocab_size = 13;
+  c.block_size = 8;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.bias = bias;
+  return c;
+}
+
+// Random weights for every tensor (LayerNorm weights around 1, biases nonzero), so that no
+// gradient is trivially zero or one.
+io::StateDict random_weights(const GptConfig& c, uint64_t seed) {
+  Rng rng(seed);
+  io::StateDict sd;
+  for (const auto& p : fused_gpt_layout(c)) {
+    const bool ln_weight = p.name.find("ln_") != std::string::npos && p.name.size() > 7 &&
+                           p.name.substr(p.name.size() - 7) == ".weight";
+    sd.emplace_back(p.name, Tensor::randn(p.shape, rng, 0.2, ln_weight ? 1.0 : 0.0));
+  }
+  return sd;
+}
+
+std::vector<int32_t> random_tokens(size_t n, int64_t v, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> out(n);
+  for (auto& x : out) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(v)));
+  return out;
+}
+
+// max |got - want| / max |want|: within rel of the tensor's scale.
+double normalized_error(const float* got, const float* want, size_t n) {
+  double err = 0.0, scale = 1e-30;
+  for (size_t i = 0; i < n; ++i) {
+    err = std::max(err, std::abs(static_cast<double>(got[i]) - want[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+  }
+  return err / scale;
+}
+
+std::unique_ptr<FusedGpt> make_fused(const GptConfig& c, int64_t b, int64_t t) {
+  auto m = FusedGpt::make(c, b, t, 1, make_fused_cpu_backend());
+  REQUIRE(m.ok());
+  return std::move(*m);
+}
+
+TEST_CASE("fused GPT layout is models::Gpt's state dict, in order", "[models][fused]") {
+  const bool bias = GENERATE(false, true);
+  const GptConfig c = tiny(bias);
+  const Gpt g(c, 7);
+  const auto sd = g.state_dict();
+  const auto layout = fused_gpt_layout(c);
+  REQUIRE(layout.size() == sd.size());
+  size_t offset = 0;
+  for (size_t i = 0; i < sd.size(); ++i) {
+    INFO(sd[i].first);
+    CHECK(layout[i].name == sd[i].first);
+    CHECK(layout[i].shape == sd[i].second.shape());
+    CHECK(layout[i].offset == offset);
+    CHECK(layout[i].decay == (sd[i].second.dim() >= 2));
+    offset += layout[i].numel;
+  }
+  REQUIRE(offset == static_cast<size_t>(g.num_parameters()));
+}
+
+TEST_CASE("fused GPT logits and loss equal the autograd GPT's", "[models][fused]") {
+  const bool bias = GENERATE(false, true);
+  const int64_t t = GENERATE(int64_t{8}, int64_t{5});  // full block and a shorter sequence
+  INFO("bias " << bias << " T " << t);
+  const GptConfig c = tiny(bias);
+  const int64_t b = 3;
+  const auto sd = random_weights(c, 11);
+  Gpt ref(c, 1);
+  REQUIRE(ref.load(sd).ok());
+  auto fused = make_fused(c, b, t);
+  REQUIRE(fused->load(sd).ok());
+  const auto x = random_tokens(static_cast<size_t>(b * t), c.vocab_size, 21);
+  const auto y = random_tokens(static_cast<size_t>(b * t), c.vocab_size, 22);
+
+  auto loss = fused->loss(x.data(), y.data(), x.size());
+  REQUIRE(loss.ok());
+  const Tensor want_logits = ref.forward(Tensor::from_vector(x, {b, t}));
+  const double want_loss =
+      ref.loss(Tensor::from_vector(x, {b, t}), Tensor::from_vector(y, {b, t})).item();
+  const auto logits = fused->logits_host();
+  REQUIRE(logits.size() == static_cast<size_t>(want_logits.numel()));
+  // fp32 on both sides, the same BLAS: the difference is summation order only.
+  CHECK(normalized_error(logits.data(), want_logits.data<float>(), logits.size()) <= 1e-5);
+  CHECK(*loss == Approx(want_loss).epsilon(1e-6));
+}
+
+TEST_CASE("fused GPT gradients match autograd for every parameter", "[models][fused]") {
+  const bool bias = GENERATE(false, true);
+  INFO("bias " << bias);
+  const GptConfig c = tiny(bias);
+  const int64_t b = 4, t = 8;
+  const auto sd = random_weights(c, 12);
+  Gpt ref(c, 1);
+  REQUIRE(ref.load(sd).ok());
+  auto fused = make_fused(c, b, t);
+  REQUIRE(fused->load(sd).ok());
+  const auto x = random_tokens(static_cast<size_t>(b * t), c.vocab_size, 31);
+  const auto y = random_tokens(static_cast<size_t>(b * t), c.vocab_size, 32);
+
+  auto loss = fused->forward_backward(x.data(), y.data(), x.size());
+  REQUIRE(loss.ok());
+  Tensor ref_loss = ref.loss(Tensor::from_vector(x, {b, t}), Tensor::from_vector(y, {b, t}));
+  autograd::backward(ref_loss);
+  CHECK(*loss == Approx(ref_loss.item()).epsilon(1e-6));
+  const auto grads = fused->gradients_host();
+  const auto named = ref.named_parameters();
+  REQUIRE(named.size() == fused->layout().size());
+  for (size_t i = 0; i < named.size(); ++i) {
+    const auto& p = fused->layout()[i];
+    INFO(p.name);
+    const Tensor g = named[i].second.grad();
+    REQUIRE(g.defined());
+    REQUIRE(static_cast<size_t>(g.numel()) == p.numel);
+    const double err = normalized_error(grads.data() + p.offset, g.data<float>(), p.numel);
+    CHECK(err <= 1e-4);
+  }
+}
+
+// A text of n characters from a small alphabet with some structure to learn.
+std::string corpus(size_t n) {
+  const std::string words[] = {"the ", "cat ", "sat ", "on ", "a ", "mat.\n", "dog ", "ran "};
+  Rng rng(5);
+  std::string s;
+  while (s.size() < n) s += words[rng.below(8)];
+  return s;
+}
+
+v1::RunConfig tiny_run(const std::filesystem::path& dir, const std::string& out) {
+  std::ofstream(dir / "text.txt") << corpus(4000);
+  const std::string toml = R"(
+[model]
+arch = "gpt"
+block_size = 16
+n_layer = 2
+n_head = 2
+n_embd = 32
+bias = true
+[data]
+path = ")" + (dir / "text.txt").string() +
+                           R"("
+data_dir = ")" + dir.string() +
+                           R"("
+tokenizer = "char"
+val_fraction = 0.2
+[train]
+batch_size = 4
+max_iters = 10
+learning_rate = 3e-3
+min_lr = 3e-4
+warmup_iters = 3
+lr_decay_iters = 8
+weight_decay = 0.1
+grad_clip = 0.5
+eval_interval = 5
+eval_iters = 2
+log_interval = 1
+seed = 99
+threads = 1
+out_dir = ")" + (dir / out).string() +
+                           R"("
+)";
+  v1::RunConfig cfg;
+  const Status st = config::parse_toml(toml, "fused_gpt_test.toml", &cfg);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  return cfg;
+}
+
+std::vector<nlohmann::json> read_metrics(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  std::vector<nlohmann::json> out;
+  std::string line;
+  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+TEST_CASE("10 fused training steps give train_gpt's losses", "[models][fused]") {
+  const auto dir = std::filesystem::temp_directory_path() / "starling_fused_gpt_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto cfg_a = tiny_run(dir, "autograd");
+  const auto cfg_f = tiny_run(dir, "fused");
+  auto ra = train_gpt(cfg_a, "autograd.toml");
+  REQUIRE(ra.ok());
+  auto rf = train_gpt_fused(cfg_f, "fused.toml", FusedTrainOptions{});
+  INFO(rf.status().message());
+  REQUIRE(rf.ok());
+  const auto ma = read_metrics(dir / "autograd" / "metrics.jsonl");
+  const auto mf = read_metrics(dir / "fused" / "metrics.jsonl");
+  REQUIRE(ma.size() == mf.size());
+  int train_lines = 0, clipped = 0;
+  for (size_t i = 0; i < ma.size(); ++i) {
+    INFO("line " << i << ": " << ma[i].dump() << " vs " << mf[i].dump());
+    REQUIRE(ma[i]["event"] == mf[i]["event"]);
+    REQUIRE(ma[i]["iter"] == mf[i]["iter"]);
+    if (ma[i]["event"] == "train") {
+      ++train_lines;
+      CHECK(std::abs(ma[i]["loss"].get<double>() - mf[i]["loss"].get<double>()) <= 1e-4);
+      CHECK(ma[i]["lr"].get<double>() == mf[i]["lr"].get<double>());
+      CHECK(mf[i]["grad_norm"].get<double>() ==
+            Approx(ma[i]["grad_norm"].get<double>()).epsilon(1e-4));
+      if (ma[i]["grad_norm"].get<double>() > 0.5) ++clipped;
+    } else {
+      CHECK(std::abs(ma[i]["val_loss"].get<double>() - mf[i]["val_loss"].get<double>()) <= 1e-4);
+      CHECK(std::abs(ma[i]["train_loss"].get<double>() - mf[i]["train_loss"].get<double>()) <=
+            1e-4);
+    }
+  }
+  REQUIRE(train_lines == 10);
+  REQUIRE(clipped > 0);  // the clipping path ran
+  CHECK(rf->val_loss == Approx(ra->val_loss).margin(1e-4));
+  // Same outputs as train_gpt: the checkpoint loads into models::Gpt with the same tensors.
+  for (const char* f : {"ckpt.safetensors", "best.safetensors", "config.toml"}) {
+    INFO(f);
+    CHECK(std::filesystem::exists(dir / "fused" / f));
+  }
+  auto ckpt_f = io::load_safetensors(dir / "fused" / "ckpt.safetensors");
+  auto ckpt_a = io::load_safetensors(dir / "autograd" / "ckpt.safetensors");
+  REQUIRE(ckpt_f.ok());
+  REQUIRE(ckpt_a.ok());
+  REQUIRE(ckpt_f->tensors.size() == ckpt_a->tensors.size());
+  for (size_t i = 0; i < ckpt_f->tensors.size(); ++i) {
+    CHECK(ckpt_f->tensors[i].first == ckpt_a->tensors[i].first);
+    CHECK(ckpt_f->tensors[i].second.shape() == ckpt_a->tensors[i].second.shape());
+  }
+  // Same metadata keys (the config differs in train.out_dir only).
+  REQUIRE(ckpt_f->metadata.size() == ckpt_a->metadata.size());
+  for (const auto& [k, v] : ckpt_a->metadata) CHECK(ckpt_f->metadata.count(k) == 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("train.engine selects the fused trainer from TOML", "[models][fused]") {
+  v1::RunConfig cfg;
+  REQUIRE(cfg.train().engine() == v1::TrainConfig::AUTOGRAD);  // the default
+  REQUIRE(config::parse_toml("[train]\nengine = \"fused\"\n", "e.toml", &cfg).ok());
+  CHECK(cfg.train().engine() == v1::TrainConfig::FUSED);
+  CHECK_THAT(config::to_toml(cfg), Catch::Contains("engine = \"FUSED\""));
+  const Status bad = config::parse_toml("[train]\nengine = \"tape\"\n", "e.toml", &cfg);
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.message(), Catch::Contains("train.engine"));
+}
+
+TEST_CASE("fused GPT state dict round trip", "[models][fused]") {
+  const bool bias = GENERATE(false, true);
+  const GptConfig c = tiny(bias);
+  // make() initializes exactly as models::Gpt(config, seed).
+  auto fused = make_fused(c, 2, 8);
+  const auto init = Gpt(c, 1).state_dict();
+  auto out = fused->state_dict();
+  REQUIRE(out.size() == init.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    CHECK(out[i].first == init[i].first);
+    CHECK(max_abs_diff(out[i].second, init[i].second) == 0.0);
+  }
+  // Load, export: bit for bit; nanoGPT's tied lm_head.weight is accepted and ignored.
+  auto sd = random_weights(c, 3);
+  sd.emplace_back("lm_head.weight", sd[0].second);
+  REQUIRE(fused->load(sd).ok());
+  out = fused->state_dict();
+  REQUIRE(out.size() + 1 == sd.size());
+  for (size_t i = 0; i < out.size(); ++i) CHECK(max_abs_diff(out[i].second, sd[i].second) == 0.0);
+  Gpt g(c, 2);
+  REQUIRE(g.load(out).ok());
+}
+
+TEST_CASE("fused GPT refuses what it cannot run", "[models][fused]") {
+  GptConfig c = tiny(false);
+  SECTION("dropout") {
+    c.dropout = 0.1;
+    const Status st = check_fused_gpt_config(c, 2, 8);
+    REQUIRE(st.code() == StatusCode::kUnimplemented);
+    CHECK_THAT(st.message(), Catch::Contains("model.dropout"));
+  }
+  SECTION("bidirectional attention") {
+    c.causal = false;
+    const Status st = check_fused_gpt_config(c, 2, 8);
+    REQUIRE(st.code() == StatusCode::kUnimplemented);
+    CHECK_THAT(st.message(), Catch::Contains("model.causal"));
+  }
+  SECTION("rope") {
+    c.rope = true;
+    const Status st = check_fused_gpt_config(c, 2, 8);
+    REQUIRE(st.code() == StatusCode::kUnimplemented);
+    CHECK_THAT(st.message(), Catch::Contains("rope"));
+  }
+  SECTION("sequence longer than the block") {
+    CHECK_THAT(check_fused_gpt_config(c, 2, 9).message(), Catch::Contains("block_size"));
+    CHECK_FALSE(check_fused_gpt_config(c, 0, 8).ok());
+    CHECK_FALSE(FusedGpt::make(c, 2, 9, 1, make_fused_cpu_backend()).ok());
+  }
+  SECTION("bad batches") {
+    auto m = make_fused(c, 2, 4);
+    std::vector<int32_t> x(8, 1), y(8, 2);
+    CHECK_THAT(m->loss(x.data(), y.data(), 7).status().message(), Catch::Contains("B*T"));
+    y[5] = 13;
+    CHECK_THAT(m->loss(x.data(), y.data(), 8).status().message(), Catch::Contains("position 5"));
+    y[5] = 2;
+    x[3] = -1;
+    CHECK_THAT(m->train_step(x.data(), y.data(), 8, 1e-3, {}, 1.0).status().message(),
+               Catch::Contains("position 3"));
+  }
+  SECTION("bad state dicts leave the weights unchanged") {
+    auto m = make_fused(c, 2, 4);
+    const auto before = m->parameters_host();
+    auto sd = random_weights(c, 4);
+    auto missing = sd;
+    missing.erase(missing.begin() + 3);
+    CHECK_THAT(m->load(missing).message(), Catch::Contains(sd[3].first));
+    auto misshapen = sd;
+    misshapen[1].second = Tensor::zeros({4, 16});
+    CHECK_THAT(m->load(misshapen).message(), Catch::Contains("transformer.wpe.weight"));
+    auto extra = sd;
+    extra.emplace_back("transformer.h.9.ln_1.weight", Tensor::zeros({16}));
+    CHECK_THAT(m->load(extra).message(), Catch::Contains("transformer.h.9.ln_1.weight"));
+    CHECK(m->parameters_host() == before);
+  }
+  SECTION("non-GPT archs, SGD, and CUDA without a GPU") {
+    const auto dir = std::filesystem::temp_directory_path() / "starling_fused_gpt_refuse";
+    std::filesystem::create_directories(dir);
+    auto cfg = tiny_run(dir, "out");
+    cfg.mutable_model()->set_arch(v1::ModelConfig::MDLM);
+    CHECK_THAT(train_gpt_fused(cfg, "x.toml", {}).status().message(),
+               Catch::Contains("model.arch"));
+    cfg = tiny_run(dir, "out");
+    cfg.mutable_train()->set_optimizer(v1::TrainConfig::SGD);
+    CHECK_THAT(train_gpt_fused(cfg, "x.toml", {}).status().message(), Catch::Contains("adamw"));
+    cfg = tiny_run(dir, "out");
+    cfg.mutable_model()->set_dropout(0.2f);
+    CHECK_THAT(train_gpt_fused(cfg, "x.toml", {}).status().message(),
+               Catch::Contains("model.dropout"));
+    // Without a CUDA build or a GPU (this check's usual home), --device cuda is an error.
+    if (!make_fused_cuda_backend(0).ok()) {
+      cfg = tiny_run(dir, "out");
+      const auto r = train_gpt_fused(cfg, "x.toml", FusedTrainOptions{true, 0});
+      REQUIRE_FALSE(r.ok());
+      CHECK_THAT(r.status().message(), Catch::Contains("cuda", Catch::CaseSensitive::No));
+    }
+    auto b = make_fused_cuda_backend(-1);
+    CHECK_FALSE(b.ok());
+    std::filesystem::remove_all(dir);
+  }
+}
+
+TEST_CASE("fused GPT steps are deterministic and overfit one batch", "[models][fused]") {
+  const GptConfig c = tiny(true);
+  auto m1 = make_fused(c, 2, 8);
+  auto m2 = make_fused(c, 2, 8);
+  const auto x = random_tokens(16, c.vocab_size, 41), y = random_tokens(16, c.vocab_size, 42);
+  const FusedOptimizer opt{0.9, 0.99, 1e-8, 0.0};
+  double first = 0.0, last = 0.0;
+  for (int i = 0; i < 100; ++i) {
+    auto s1 = m1->train_step(x.data(), y.data(), x.size(), 3e-3, opt, 1.0);
+    REQUIRE(s1.ok());
+    if (i < 3) {
+      auto s2 = m2->train_step(x.data(), y.data(), x.size(), 3e-3, opt, 1.0);
+      REQUIRE(s2.ok());
+      REQUIRE(s1->loss == s2->loss);
+      REQUIRE(s1->grad_norm == s2->grad_norm);
+    }
+    if (i == 0) first = s1->loss;
+    last = s1->loss;
+  }
+  CHECK(first == Approx(std::log(13.0)).margin(0.3));
+  CHECK(last < 0.5 * first);
+  CHECK(m1->steps() == 100);
+}
+
+}  // namespace
+}  // namespace starling::models
