@@ -116,6 +116,12 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
     check(c.model().n_head() > 0 && c.model().n_embd() > 0 &&
               c.model().n_embd() % c.model().n_head() == 0,
           "model.n_embd", "must be a positive multiple of model.n_head");
+    if (c.model().pos_encoding() == v1::ModelConfig::ROPE) {
+      check(c.model().n_head() == 0 || (c.model().n_embd() / c.model().n_head()) % 2 == 0,
+            "model.pos_encoding", "\"rope\" needs an even head size (model.n_embd / model.n_head)");
+      check(std::isfinite(c.model().rope_base()) && c.model().rope_base() > 1, "model.rope_base",
+            "must be finite and > 1");
+    }
     check(c.data().min_role_chars() > c.model().block_size(), "data.min_role_chars",
           "must exceed model.block_size (each client needs one training window)");
   }

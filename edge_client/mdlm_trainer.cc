@@ -18,6 +18,8 @@ v1::RunConfig mdlm_run_config(const v1::FederationConfig& c, int64_t vocab) {
   m->set_n_head(static_cast<int32_t>(c.model().n_head()));
   m->set_n_embd(static_cast<int32_t>(c.model().n_embd()));
   m->set_causal(false);
+  m->set_pos_encoding(c.model().pos_encoding());
+  m->set_rope_base(c.model().rope_base());
   rc.mutable_data()->set_dataset("tinyshakespeare");
   rc.mutable_data()->set_data_dir(c.data().data_dir());
   *rc.mutable_diffusion() = c.model().diffusion();

@@ -113,6 +113,8 @@ class ShakespeareTask final : public SimTask {
     options_.model.n_layer = c.model().n_layer();
     options_.model.n_head = c.model().n_head();
     options_.model.n_embd = c.model().n_embd();
+    options_.model.rope = c.model().pos_encoding() == v1::ModelConfig::ROPE;
+    options_.model.rope_base = c.model().rope_base();
     options_.epochs = c.local().epochs();
     options_.prox_mu = c.local().prox_mu();
     options_.grad_clip = c.model().grad_clip();
@@ -185,6 +187,8 @@ class ShakespeareTask final : public SimTask {
     rc.mutable_model()->set_n_head(static_cast<int32_t>(options_.model.n_head));
     rc.mutable_model()->set_n_embd(static_cast<int32_t>(options_.model.n_embd));
     rc.mutable_model()->set_vocab_size(static_cast<int32_t>(options_.model.vocab_size));
+    rc.mutable_model()->set_pos_encoding(config_.model().pos_encoding());
+    rc.mutable_model()->set_rope_base(config_.model().rope_base());
     rc.mutable_data()->set_dataset("tinyshakespeare");
     rc.mutable_data()->set_data_dir(config_.data().data_dir());
     rc.mutable_sample()->set_prompt("ROMEO:\n");

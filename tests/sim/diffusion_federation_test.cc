@@ -12,6 +12,7 @@
 #include "core/config/toml_config.h"
 #include "core/data/data_dir.h"
 #include "models/ddpm/checkpoint.h"
+#include "models/gpt/checkpoint.h"
 #include "models/mdlm/checkpoint.h"
 #include "sim/diffusion_task.h"
 #include "sim/engine.h"
@@ -222,6 +223,44 @@ TEST_CASE("a federated MDLM round is the weighted average of its clients' update
   CHECK(e.loss > 0);
   CHECK(e.accuracy >= 0);
   CHECK(e.accuracy <= 1);
+}
+
+TEST_CASE("federated GPT and MDLM train with rotary positions (model.pos_encoding)", "[sim]") {
+  if (!have_data("tinyshakespeare/input.txt")) return;
+  auto cfg = parse(kMdlm);
+  cfg.mutable_model()->set_pos_encoding(v1::ModelConfig::ROPE);
+  check_one_round_is_weighted_average(cfg, "mdlm_rope");
+  auto task = SimTask::create(cfg, "mdlm_rope.toml");
+  REQUIRE(task.ok());
+  for (const auto& t : (*task)->layout()) CHECK(t.name != "transformer.wpe.weight");
+  const fs::path file = fs::temp_directory_path() / "starling_diffusion_mdlm_rope.safetensors";
+  REQUIRE((*task)->save_model(file, (*task)->initial_model(), 1).ok());
+  auto loaded = models::load_mdlm_checkpoint(file);
+  INFO(loaded.status().to_string());
+  REQUIRE(loaded.ok());
+  CHECK(loaded->model->config().rope);
+  fs::remove(file);
+
+  auto gpt = cfg;
+  gpt.mutable_model()->set_arch(v1::FedModelConfig::GPT);
+  gpt.mutable_model()->clear_local_optimizer();
+  gpt.mutable_model()->clear_diffusion();
+  auto gtask = SimTask::create(gpt, "gpt_rope.toml");
+  INFO(gtask.status().to_string());
+  REQUIRE(gtask.ok());
+  for (const auto& t : (*gtask)->layout()) CHECK(t.name != "transformer.wpe.weight");
+  REQUIRE((*gtask)->save_model(file, (*gtask)->initial_model(), 1).ok());
+  auto g = models::load_gpt_checkpoint(file);
+  INFO(g.status().to_string());
+  REQUIRE(g.ok());
+  CHECK(g->model->config().rope);
+  fs::remove(file);
+
+  auto odd = cfg;
+  odd.mutable_model()->set_n_head(16);  // head size 1
+  auto bad = SimTask::create(odd, "odd.toml");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Contains("model.pos_encoding"));
 }
 
 TEST_CASE("a federated DDPM round is the weighted average of its clients' updates", "[sim]") {
