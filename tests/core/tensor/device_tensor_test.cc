@@ -191,7 +191,7 @@ TEST_CASE("host access to a device tensor aborts with the reason", "[tensor]") {
   REQUIRE(pipe(fds) == 0);
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
-  if (pid == 0) {  // child: a CPU kernel reaching for the data
+  if (pid == 0) {                   // child: a CPU kernel reaching for the data
     std::signal(SIGABRT, SIG_DFL);  // not Catch's handler: the parent judges
     dup2(fds[1], STDERR_FILENO);
     dup2(fds[1], STDOUT_FILENO);
