@@ -1,4 +1,5 @@
-// Training throughput of the GPT engine on one shape: forward + backward + AdamW per step,
+// Training throughput of a GPT engine on one shape (--engine autograd: core/autograd + core/optim;
+// fused: models/gpt/fused_gpt on its CPU backend): forward + backward + clip + AdamW per step,
 // random tokens, median over timed steps. Prints one JSON line (for the wrapper script) and a
 // human-readable line. Run bench/train_throughput.sh for the table beside PyTorch.
 #include <omp.h>
@@ -7,10 +8,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "core/autograd/autograd.h"
 #include "core/optim/optimizer.h"
+#include "models/gpt/fused_backend.h"
+#include "models/gpt/fused_gpt.h"
 #include "models/gpt/gpt.h"
 
 int main(int argc, char** argv) {
@@ -18,6 +23,7 @@ int main(int argc, char** argv) {
   starling::models::GptConfig c;
   int64_t batch = 12, warmup = 5, steps = 30;
   int threads = 0;
+  std::string engine = "autograd";
   app.add_option("--vocab", c.vocab_size)->capture_default_str();
   app.add_option("--block", c.block_size)->capture_default_str();
   app.add_option("--layers", c.n_layer)->capture_default_str();
@@ -27,12 +33,26 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup)->capture_default_str();
   app.add_option("--steps", steps)->capture_default_str();
   app.add_option("--threads", threads, "0: all cores")->capture_default_str();
+  app.add_option("--engine", engine, "autograd or fused")
+      ->check(CLI::IsMember({"autograd", "fused"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) omp_set_num_threads(threads);
 
   starling::models::Gpt model(c, 1337);
   starling::optim::AdamW opt(starling::optim::decay_matrices_only(model.parameters()),
                              {0.9, 0.99, 1e-8, 0.1});
+  std::unique_ptr<starling::models::FusedGpt> fused;
+  if (engine == "fused") {
+    auto f = starling::models::FusedGpt::make(c, batch, c.block_size, 1337,
+                                              starling::models::make_fused_cpu_backend());
+    if (!f.ok()) {
+      std::fprintf(stderr, "%s\n", f.status().to_string().c_str());
+      return 1;
+    }
+    fused = std::move(*f);
+  }
+  const starling::models::FusedOptimizer fused_opt{0.9, 0.99, 1e-8, 0.1};
   starling::Rng rng(1);
   std::vector<int32_t> x(static_cast<size_t>(batch * c.block_size)), y(x.size());
   std::vector<double> times;
@@ -43,12 +63,21 @@ int main(int argc, char** argv) {
     const auto tx = starling::Tensor::from_vector(x, {batch, c.block_size});
     const auto ty = starling::Tensor::from_vector(y, {batch, c.block_size});
     const auto t0 = std::chrono::steady_clock::now();
-    starling::Tensor loss = model.loss(tx, ty);
-    starling::autograd::backward(loss);
-    starling::optim::clip_grad_norm(model.parameters(), 1.0);
-    opt.step(1e-3);
-    opt.zero_grad();
-    loss_v = loss.item();
+    if (fused) {
+      auto r = fused->train_step(x.data(), y.data(), x.size(), 1e-3, fused_opt, 1.0);
+      if (!r.ok()) {
+        std::fprintf(stderr, "%s\n", r.status().to_string().c_str());
+        return 1;
+      }
+      loss_v = r->loss;
+    } else {
+      starling::Tensor loss = model.loss(tx, ty);
+      starling::autograd::backward(loss);
+      starling::optim::clip_grad_norm(model.parameters(), 1.0);
+      opt.step(1e-3);
+      opt.zero_grad();
+      loss_v = loss.item();
+    }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s >= warmup) times.push_back(dt);
   }
@@ -56,9 +85,9 @@ int main(int argc, char** argv) {
   const double med = times[times.size() / 2];
   const double tps = static_cast<double>(batch * c.block_size) / med;
   std::printf(
-      "{\"engine\":\"starling\",\"threads\":%d,\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
+      "{\"engine\":\"starling %s\",\"threads\":%d,\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
       "\"params\":%lld,\"loss\":%.4f}\n",
-      omp_get_max_threads(), med * 1e3, tps, static_cast<long long>(model.num_parameters()),
-      loss_v);
+      engine.c_str(), omp_get_max_threads(), med * 1e3, tps,
+      static_cast<long long>(model.num_parameters()), loss_v);
   return 0;
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Training throughput, starling beside PyTorch (pip's current CPU torch) on the same shape in
-# the same run. Usage: bash bench/train_throughput.sh [--threads N] [shape flags...]
+# Training throughput, starling's two engines (autograd, fused) beside PyTorch (pip's current
+# CPU torch) on the same shape in the same run. Usage: bash bench/train_throughput.sh [--threads N] [shape flags...]
 # Default shape: the CPU baby GPT (V=65, T=64, L=4, H=4, C=128, B=12).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,13 +15,15 @@ if [[ ! -x build/release/bench/train_throughput ]]; then
   cmake --preset release >/dev/null
 fi
 cmake --build --preset release --target train_throughput >/dev/null
-ours=$(build/release/bench/train_throughput "$@")
+ours=$(build/release/bench/train_throughput --engine autograd "$@")
+fused=$(build/release/bench/train_throughput --engine fused "$@")
 theirs=$("$venv/bin/python" bench/torch_gpt.py "$@")
-python3 - "$ours" "$theirs" <<'PY'
+python3 - "$ours" "$fused" "$theirs" <<'PY'
 import json, sys
-a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+a, f, b = (json.loads(x) for x in sys.argv[1:4])
 print(f"{'engine':<22}{'threads':>8}{'ms/step':>10}{'tokens/s':>12}{'params':>10}")
-for r in (a, b):
+for r in (a, f, b):
     print(f"{r['engine']:<22}{r['threads']:>8}{r['ms_per_step']:>10.2f}{r['tokens_per_s']:>12.0f}{r['params']:>10}")
-print(f"starling / pytorch: {a['tokens_per_s'] / b['tokens_per_s']:.2f}x")
+for r in (a, f):
+    print(f"{r['engine']} / pytorch: {r['tokens_per_s'] / b['tokens_per_s']:.2f}x")
 PY
