@@ -49,7 +49,8 @@ step() {  # step NAME CMD...: runs CMD with output in $logs/NAME.log, remembers 
   >"$logs/environment.log" 2>&1
 step configure cmake --preset cuda -B "$build" "${args[@]}"
 step build cmake --build "$build" -j "${JOBS:-$(nproc)}" \
-  --target starling_cuda_tests starling_comm_tests cuda_bench cuda_codec_bench gpt_train_bench
+  --target starling_cuda_tests starling_comm_tests cuda_bench cuda_codec_bench gpt_train_bench \
+  starling
 step ctest_cuda ctest --test-dir "$build" -L cuda --no-tests=error --output-on-failure --timeout 300
 step comm_tests "$build/tests/starling_comm_tests"
 step cuda_bench "$build/bench/cuda_bench"
@@ -60,6 +61,20 @@ step cuda_codec_bench "$build/bench/cuda_codec_bench"  # GPU codecs beside the C
 step gpt_train_bench timeout 420 "$build/bench/gpt_train_bench" --python "${TORCH_PYTHON:-python3}" \
   --shapes "${GPT_BENCH_SHAPES:-char}" --warmup "${GPT_BENCH_WARMUP:-2}" \
   --steps "${GPT_BENCH_STEPS:-5}"
+
+# The user's path: `starling train --device cuda` on the baby GPT config, 200 steps, its
+# checkpoint sampled back on the CPU. Tiny Shakespeare from STARLING_DATA_DIR or ../shared/data;
+# without it, this repository's docs as the corpus (the step checks the path, not the loss).
+data_args=()
+shakespeare="${STARLING_DATA_DIR:-$root/../shared/data}/tinyshakespeare/input.txt"
+if [ ! -f "$shakespeare" ]; then
+  cat README.md docs/*.md > "$build/corpus.txt"
+  data_args=(--set "data.path=$build/corpus.txt")
+fi
+step train_cuda "$build/apps/starling" train -c configs/gpt_char_cpu.toml --device cuda \
+  --set train.max_iters=200 --set train.eval_interval=100 --set "train.out_dir=$build/train_cuda" \
+  "${data_args[@]}"
+step sample_cuda_ckpt "$build/apps/starling" sample "$build/train_cuda/ckpt.safetensors" -n 100
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -77,6 +92,8 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
   grep -E '^(GPU:|\|)' "$logs/cuda_codec_bench.log" 2>/dev/null || echo "(cuda_codec_bench did not run)"
   echo
   grep -E '^(GPU:|\||ratio:)' "$logs/gpt_train_bench.log" 2>/dev/null || echo "(gpt_train_bench did not run)"
+  echo
+  echo "starling train --device cuda (configs/gpt_char_cpu.toml, 200 steps): $(grep -E '^trained' "$logs/train_cuda.log" 2>/dev/null || echo 'did not finish')"
 } >> bench/RESULTS.md
 if [ -n "${OUT:-}" ]; then cp -r bench/RESULTS.md "$logs" "$OUT/"; fi
 echo "gpu_check: $status"
