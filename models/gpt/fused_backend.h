@@ -79,7 +79,8 @@ class FusedBackend {
   // dout: (B, T, C), scratch: (B, H, T, T) -> dqkv: (B, T, 3C).
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                   const float* att, int b, int t, int c, int h) = 0;
-  // Exact (erf) GELU over n values; backward dx = dout * gelu'(x) (dx may alias dout).
+  // Exact (erf) GELU over n values; backward dx = dout * gelu'(x) (dx may alias dout). The CPU
+  // backend evaluates erf and exp as core/ops does (fast_math.h: within 5e-7 of libm).
   virtual void gelu_forward(float* out, const float* x, size_t n) = 0;
   virtual void gelu_backward(float* dx, const float* dout, const float* x, size_t n) = 0;
   // out = a + b over n values (out may alias a or b).

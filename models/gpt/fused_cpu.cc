@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/ops/internal/fast_math.h"
 #include "models/gpt/fused_backend.h"
 
 namespace starling::models {
@@ -238,14 +239,14 @@ class CpuBackend final : public FusedBackend {
   void gelu_forward(float* out, const float* x, size_t n) override {
 #pragma omp parallel for simd if (n > (1 << 16))
     for (size_t i = 0; i < n; ++i) {
-      out[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.7071067811865476f));
+      out[i] = 0.5f * x[i] * (1.0f + ops::internal::fast_erff(x[i] * 0.7071067811865476f));
     }
   }
   void gelu_backward(float* dx, const float* dout, const float* x, size_t n) override {
 #pragma omp parallel for simd if (n > (1 << 16))
     for (size_t i = 0; i < n; ++i) {
-      const float cdf = 0.5f * (1.0f + std::erf(x[i] * 0.7071067811865476f));
-      const float pdf = std::exp(-0.5f * x[i] * x[i]) * 0.3989422804014327f;
+      const float cdf = 0.5f * (1.0f + ops::internal::fast_erff(x[i] * 0.7071067811865476f));
+      const float pdf = ops::internal::fast_expf(-0.5f * x[i] * x[i]) * 0.3989422804014327f;
       dx[i] = dout[i] * (cdf + x[i] * pdf);
     }
   }
