@@ -65,6 +65,16 @@ double fp32_peak_tflops(const std::string& device) {
   return -1.0;
 }
 
+// Peak dense bf16 tensor-core TFLOP/s (llm.c's mfu.h figures, without sparsity); -1 when unknown.
+double bf16_peak_tflops(const std::string& device) {
+  if (device.find("H100") != std::string::npos || device.find("H200") != std::string::npos)
+    return 989.5;  // SXM
+  if (device.find("A100") != std::string::npos) return 312.0;
+  if (device.find("L40S") != std::string::npos) return 362.05;
+  if (device.find("4090") != std::string::npos) return 165.2;
+  return -1.0;
+}
+
 // llm.c's gpt2_estimate_mfu: flops per token = 6 N + 6 L C T.
 double mfu(const GptConfig& c, double params, int64_t tokens_per_step, double seconds,
            double peak_tflops) {
@@ -79,9 +89,10 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-Row run_ours(const Shape& s, int gpu, int warmup, int steps, double peak, double* params_out) {
+Row run_ours(const Shape& s, int gpu, int warmup, int steps, double peak, bool bf16,
+             double* params_out) {
   Row r;
-  r.engine = "starling fused (fp32)";
+  r.engine = bf16 ? "starling fused (bf16 linear)" : "starling fused (fp32)";
   auto backend = starling::models::make_fused_cuda_backend(gpu);
   if (!backend.ok()) {
     r.note = backend.status().message();
@@ -94,6 +105,10 @@ Row run_ours(const Shape& s, int gpu, int warmup, int steps, double peak, double
     return r;
   }
   auto& m = **model;
+  if (auto st = m.set_bf16_matmuls(bf16); !st.ok()) {
+    r.note = st.message();
+    return r;
+  }
   *params_out = static_cast<double>(m.num_parameters());
   const size_t n = static_cast<size_t>(s.batch * s.config.block_size);
   starling::Rng rng(7);
@@ -126,7 +141,7 @@ Row run_ours(const Shape& s, int gpu, int warmup, int steps, double peak, double
 }
 
 Row run_torch(const Shape& s, const std::string& python, const std::string& script, bool compile,
-              int warmup, int steps, double params, double peak) {
+              bool bf16, int warmup, int steps, double params, double peak) {
   Row r;
   r.engine = compile ? "pytorch torch.compile (fp32)" : "pytorch eager (fp32)";
   const auto& c = s.config;
@@ -135,7 +150,7 @@ Row run_torch(const Shape& s, const std::string& python, const std::string& scri
       << c.block_size << " --layers " << c.n_layer << " --heads " << c.n_head << " --embd "
       << c.n_embd << " --batch " << s.batch << " --warmup " << warmup + (compile ? 2 : 0)
       << " --steps " << steps << (c.bias ? " --bias" : "") << (compile ? " --compile" : "")
-      << " 2>&1";
+      << (bf16 ? " --bf16" : "") << " 2>&1";
   FILE* p = popen(cmd.str().c_str(), "r");
   if (p == nullptr) {
     r.note = "cannot run " + python;
@@ -206,14 +221,19 @@ int main(int argc, char** argv) {
   std::string python = "python3", script = "bench/torch_gpt.py";
   bool no_torch = false;
   double peak = 0.0;
+  std::string precision = "bf16";
   app.add_option("--shapes", shapes, "Comma list of char, gpt2");
+  app.add_option("--precision", precision,
+                 "bf16 (linear layers in bf16, PyTorch under autocast) or fp32 (both fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--gpu", gpu, "CUDA device");
   app.add_option("--warmup", warmup, "Untimed steps first");
   app.add_option("--steps", steps, "Timed steps (the median is reported)");
   app.add_option("--python", python, "Python with PyTorch");
   app.add_option("--torch-script", script, "Path of bench/torch_gpt.py");
   app.add_flag("--no-torch", no_torch, "Skip the PyTorch rows");
-  app.add_option("--peak-tflops", peak, "Device fp32 peak for MFU (default: by device name)");
+  app.add_option("--peak-tflops", peak,
+                 "Device peak for MFU at --precision (default: by device name)");
   CLI11_PARSE(app, argc, argv);
 
   const auto devs = starling::cuda::devices();
@@ -222,9 +242,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string dev = devs[static_cast<size_t>(gpu)].name;
-  if (peak <= 0) peak = fp32_peak_tflops(dev);
-  std::printf("GPU: %s; fp32 peak for MFU: %.1f TFLOP/s; %d warmup + %d timed steps\n\n",
-              dev.c_str(), peak, warmup, steps);
+  if (peak <= 0) peak = precision == "bf16" ? bf16_peak_tflops(dev) : fp32_peak_tflops(dev);
+  std::printf("GPU: %s; %s peak for MFU: %.1f TFLOP/s; %d warmup + %d timed steps\n\n", dev.c_str(),
+              precision.c_str(), peak, warmup, steps);
   std::printf(
       "| shape | engine | ms/step | tokens/s | MFU | peak mem GB | last loss | note |\n"
       "|---|---|---|---|---|---|---|---|\n");
@@ -240,11 +260,12 @@ int main(int argc, char** argv) {
       return 1;
     }
     double params = 0.0;
-    const Row ours = run_ours(*s, gpu, warmup, steps, peak, &params);  // frees its memory
+    const bool bf16 = precision == "bf16";
+    const Row ours = run_ours(*s, gpu, warmup, steps, peak, bf16, &params);  // frees its memory
     print_row(*s, ours);
     if (no_torch) continue;
     for (const bool compile : {false, true}) {
-      const Row t = run_torch(*s, python, script, compile, warmup, steps, params, peak);
+      const Row t = run_torch(*s, python, script, compile, bf16, warmup, steps, params, peak);
       print_row(*s, t);
       if (ours.tokens_per_s > 0 && t.tokens_per_s > 0) {
         char line[256];

@@ -55,11 +55,13 @@ step ctest_cuda ctest --test-dir "$build" -L cuda --no-tests=error --output-on-f
 step comm_tests "$build/tests/starling_comm_tests"
 step cuda_bench "$build/bench/cuda_bench"
 step cuda_codec_bench "$build/bench/cuda_codec_bench"  # GPU codecs beside the CPU ones
-# Fused GPT training steps (fp32) beside PyTorch eager and torch.compile (TORCH_PYTHON: a python
+# Fused GPT training steps (bf16 linear layers; GPT_BENCH_PRECISION=fp32 for fp32) beside PyTorch
+# eager and torch.compile (under bf16 autocast) (TORCH_PYTHON: a python
 # with torch; without one the PyTorch rows say why). The char GPT with few steps by default (about
 # a minute, most of it torch.compile); GPT_BENCH_SHAPES=char,gpt2 adds GPT-2 124M (a few more).
 step gpt_train_bench timeout 420 "$build/bench/gpt_train_bench" --python "${TORCH_PYTHON:-python3}" \
-  --shapes "${GPT_BENCH_SHAPES:-char}" --warmup "${GPT_BENCH_WARMUP:-2}" \
+  --shapes "${GPT_BENCH_SHAPES:-char}" --precision "${GPT_BENCH_PRECISION:-bf16}" \
+  --warmup "${GPT_BENCH_WARMUP:-2}" \
   --steps "${GPT_BENCH_STEPS:-5}"
 
 # The user's path: `starling train --device cuda` on the baby GPT config, 200 steps, its

@@ -3,9 +3,11 @@ same GPT (nanoGPT's model, tied head, exact GELU, pre-norm, biases with --bias),
 (forward + backward + clip + AdamW: foreach on CPU, fused on CUDA), random tokens, median step
 time. --device cuda times with synchronization and reports peak memory
 (torch.cuda.max_memory_allocated); --compile wraps the model in torch.compile (its compilation
-runs in the warmup steps). fp32 throughout (TF32 off, PyTorch's default for matmuls).
+runs in the warmup steps). fp32 (TF32 off, PyTorch's default for matmuls), or with --bf16
+torch.autocast(bfloat16) around the forward (fp32 master weights, as the issue's bf16 runs).
 Prints one JSON line."""
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -69,6 +71,7 @@ def main():
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--bias", action="store_true", help="biases in Linear and LayerNorm")
+    p.add_argument("--bf16", action="store_true", help="autocast the forward to bfloat16")
     a = p.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
@@ -89,17 +92,20 @@ def main():
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss = step_model(x, y)
+        with (torch.autocast(a.device, dtype=torch.bfloat16) if a.bf16
+              else contextlib.nullcontext()):
+            loss = step_model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        loss_v = float(loss)  # waits for the step, as ours reads its loss
+        loss_v = loss.item()  # waits for the step, as ours reads its loss
         dt = time.perf_counter() - t0
         if s >= a.warmup:
             times.append(dt)
     med = statistics.median(times)
-    out = {"engine": "pytorch " + torch.__version__ + (" compile" if a.compile else " eager"),
+    out = {"engine": "pytorch " + torch.__version__ + (" compile" if a.compile else " eager")
+           + (" bf16" if a.bf16 else ""),
            "device": a.device, "threads": torch.get_num_threads(),
            "ms_per_step": med * 1e3, "tokens_per_s": a.batch * a.block / med,
            "params": sum(p.numel() for p in model.parameters()), "loss": loss_v}

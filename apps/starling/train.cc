@@ -348,6 +348,13 @@ void register_train(CLI::App& app, CommandContext& ctx) {
       std::printf("checkpoint: %s\n", res->checkpoint.string().c_str());
       return;
     }
+    // Past this point every engine is fp32 (autograd GPT, ranks, MDLM, DDPM).
+    if (cfg.train().precision() == v1::TrainConfig::BF16) {
+      return fail(ctx, *config_path +
+                           ": train.precision = \"bf16\" runs on the fused GPT engine "
+                           "(train.engine = \"fused\", or --device cuda); this run's engine is "
+                           "fp32 only");
+    }
     if (ranks->ranks > 1) {
       auto res = train_gpt_ranks(cfg, *config_path, *ranks);
       if (!res.ok()) return fail(ctx, res.status().message());

@@ -66,6 +66,17 @@ void linear_forward(float* y, const float* x, const float* weight, const float* 
 void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
                      const float* weight, int n, int in, int out, cublasHandle_t handle,
                      cudaStream_t stream);
+// bf16 mixed precision (matmul_cuda.cu): the same products with x, weight and dy rounded to bf16
+// (__float2bfloat16_rn) into `scratch` and multiplied on tensor cores with fp32 accumulation
+// (cublasGemmEx, CUBLAS_COMPUTE_32F); y, dx, dweight stay fp32, dbias sums the fp32 dy.
+// scratch: linear_bf16_scratch_elems(n, in, out) bf16 values.
+size_t linear_bf16_scratch_elems(int n, int in, int out);
+void linear_forward_bf16(float* y, const float* x, const float* weight, const float* bias, int n,
+                         int in, int out, __nv_bfloat16* scratch, cublasHandle_t handle,
+                         cudaStream_t stream);
+void linear_backward_bf16(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
+                          const float* weight, int n, int in, int out, __nv_bfloat16* scratch,
+                          cublasHandle_t handle, cudaStream_t stream);
 // linear_lt_cuda.cu: linear_forward through cuBLASLt with the bias added in the GEMM's epilogue
 // (one kernel instead of two). workspace: device scratch for cuBLASLt (32 MiB is plenty; may be
 // null with workspace_bytes 0). Falls back to linear_forward when cuBLASLt offers no algorithm.

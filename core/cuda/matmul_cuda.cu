@@ -26,6 +26,13 @@ __global__ void column_sums_kernel(float* out, const float* in, int rows, int co
   }
 }
 
+__global__ void to_bf16_kernel(__nv_bfloat16* out, const float* in, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    out[i] = __float2bfloat16_rn(in[i]);
+  }
+}
+
 __global__ void add_bias_kernel(float* y, const float* bias, size_t n, int cols) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -64,16 +71,86 @@ void matmul_backward(float* da, float* db, const float* dc, const float* a, cons
   if (db != nullptr) gemm(true, false, k, n, m, a, k, dc, n, db, n, handle, stream);
 }
 
+namespace {
+int grid_for(size_t n) {
+  const long long blocks = (static_cast<long long>(n) + 255) / 256;
+  return static_cast<int>(blocks < 65535 * 16 ? blocks : 65535 * 16);
+}
+
+void add_bias(float* y, const float* bias, int n, int out, cudaStream_t stream) {
+  if (bias == nullptr || n <= 0) return;
+  const size_t total = static_cast<size_t>(n) * out;
+  add_bias_kernel<<<grid_for(total), 256, 0, stream>>>(y, bias, total, out);
+  STARLING_CUDA_CHECK_LAUNCH();
+}
+
+void column_sums(float* out, const float* in, int rows, int cols, cudaStream_t stream) {
+  if (out == nullptr || cols <= 0) return;
+  column_sums_kernel<<<internal::ceil_div(cols, 32), dim3(32, kRowLanes), 0, stream>>>(out, in,
+                                                                                       rows, cols);
+  STARLING_CUDA_CHECK_LAUNCH();
+}
+
+__nv_bfloat16* to_bf16(__nv_bfloat16* dst, const float* src, size_t n, cudaStream_t stream) {
+  if (n > 0) {
+    to_bf16_kernel<<<grid_for(n), 256, 0, stream>>>(dst, src, n);
+    STARLING_CUDA_CHECK_LAUNCH();
+  }
+  return dst;
+}
+
+// Row-major c (fp32) = op(a) op(b) with a, b in bf16 and fp32 accumulation (tensor cores: the
+// handle's math mode is switched to the default for the call and restored).
+void gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const __nv_bfloat16* a, int lda,
+               const __nv_bfloat16* b, int ldb, float* c, int ldc, cublasHandle_t handle,
+               cudaStream_t stream) {
+  const float one = 1.0f, zero = 0.0f;
+  cublasMath_t mode;
+  STARLING_CUBLAS_CHECK(cublasGetMathMode(handle, &mode));
+  STARLING_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
+  STARLING_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  STARLING_CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                     trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &one, b,
+                                     CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &zero, c, CUDA_R_32F,
+                                     ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  STARLING_CUBLAS_CHECK(cublasSetMathMode(handle, mode));
+}
+}  // namespace
+
+size_t linear_bf16_scratch_elems(int n, int in, int out) {
+  return static_cast<size_t>(n) * in + static_cast<size_t>(out) * in + static_cast<size_t>(n) * out;
+}
+
+void linear_forward_bf16(float* y, const float* x, const float* weight, const float* bias, int n,
+                         int in, int out, __nv_bfloat16* scratch, cublasHandle_t handle,
+                         cudaStream_t stream) {
+  __nv_bfloat16* xb = to_bf16(scratch, x, static_cast<size_t>(n) * in, stream);
+  __nv_bfloat16* wb =
+      to_bf16(scratch + static_cast<size_t>(n) * in, weight, static_cast<size_t>(out) * in, stream);
+  gemm_bf16(false, true, n, out, in, xb, in, wb, in, y, out, handle, stream);
+  add_bias(y, bias, n, out, stream);
+}
+
+void linear_backward_bf16(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
+                          const float* weight, int n, int in, int out, __nv_bfloat16* scratch,
+                          cublasHandle_t handle, cudaStream_t stream) {
+  __nv_bfloat16* xb = to_bf16(scratch, x, static_cast<size_t>(n) * in, stream);
+  __nv_bfloat16* wb =
+      to_bf16(scratch + static_cast<size_t>(n) * in, weight, static_cast<size_t>(out) * in, stream);
+  __nv_bfloat16* dyb =
+      to_bf16(scratch + static_cast<size_t>(n) * in + static_cast<size_t>(out) * in, dy,
+              static_cast<size_t>(n) * out, stream);
+  if (dx != nullptr) gemm_bf16(false, false, n, in, out, dyb, out, wb, in, dx, in, handle, stream);
+  if (dweight != nullptr) {
+    gemm_bf16(true, false, out, in, n, dyb, out, xb, in, dweight, in, handle, stream);
+  }
+  column_sums(dbias, dy, n, out, stream);  // from fp32 dy, as the CPU backend does
+}
+
 void linear_forward(float* y, const float* x, const float* weight, const float* bias, int n, int in,
                     int out, cublasHandle_t handle, cudaStream_t stream) {
   gemm(false, true, n, out, in, x, in, weight, in, y, out, handle, stream);
-  if (bias != nullptr && n > 0) {
-    const size_t total = static_cast<size_t>(n) * out;
-    const long long blocks = (static_cast<long long>(total) + 255) / 256;
-    add_bias_kernel<<<static_cast<int>(blocks < 65535 * 16 ? blocks : 65535 * 16), 256, 0,
-                      stream>>>(y, bias, total, out);
-    STARLING_CUDA_CHECK_LAUNCH();
-  }
+  add_bias(y, bias, n, out, stream);
 }
 
 void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
@@ -82,11 +159,7 @@ void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, c
   if (dx != nullptr) gemm(false, false, n, in, out, dy, out, weight, in, dx, in, handle, stream);
   if (dweight != nullptr)
     gemm(true, false, out, in, n, dy, out, x, in, dweight, in, handle, stream);
-  if (dbias != nullptr && out > 0) {
-    column_sums_kernel<<<internal::ceil_div(out, 32), dim3(32, kRowLanes), 0, stream>>>(dbias, dy,
-                                                                                        n, out);
-    STARLING_CUDA_CHECK_LAUNCH();
-  }
+  column_sums(dbias, dy, n, out, stream);
 }
 
 }  // namespace starling::cuda

@@ -66,6 +66,19 @@ class FusedBackend {
   virtual void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* dout,
                                    const float* x, const float* weight, const float* mean,
                                    const float* rstd, int n, int c) = 0;
+  // Mixed precision of the linear layers (bf16 = true): their GEMMs read x, weight and dout
+  // rounded to bf16 (round to nearest even) and accumulate in fp32, as tensor cores do; outputs,
+  // master weights and everything else stay fp32. The CPU backend emulates it exactly (the
+  // products of two bf16 values are exact in fp32, so only the order of the sums differs).
+  // `scratch_elems`: the most bf16 values one linear call converts (n*in + out*in + n*out), so
+  // a backend can reserve its conversion buffer up front (ResourceExhausted when it cannot).
+  virtual Status set_bf16_matmuls(bool on, size_t scratch_elems) {
+    (void)scratch_elems;
+    bf16_matmuls_ = on;
+    return ok_status();
+  }
+  bool bf16_matmuls() const { return bf16_matmuls_; }
+
   // x: (N, IN), weight: (OUT, IN), bias: (OUT) or null -> out: (N, OUT) = x weight^T + bias.
   virtual void linear_forward(float* out, const float* x, const float* weight, const float* bias,
                               int n, int in, int out_features) = 0;
@@ -103,6 +116,9 @@ class FusedBackend {
   // Bytes currently allocated and the high-water mark (for benchmarks).
   virtual size_t bytes_in_use() const = 0;
   virtual size_t peak_bytes() const = 0;
+
+ protected:
+  bool bf16_matmuls_ = false;
 };
 
 // The CPU backend: plain loops, OpenMP over rows, OpenBLAS sgemm for the products.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -22,6 +23,17 @@ void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, i
            const float* b, int ldb, float beta, float* c, int ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
               k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// x rounded to the nearest bf16 (ties to even), kept in a float: what __float2bfloat16_rn gives.
+float round_to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;  // inf and NaN stay
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
 }
 
 class CpuBackend final : public FusedBackend {
@@ -159,6 +171,10 @@ class CpuBackend final : public FusedBackend {
 
   void linear_forward(float* out, const float* x, const float* weight, const float* bias, int n,
                       int in, int out_features) override {
+    if (bf16_matmuls_) {
+      x = rounded(x, static_cast<size_t>(n) * in, &xr_);
+      weight = rounded(weight, static_cast<size_t>(out_features) * in, &wr_);
+    }
     sgemm(false, true, n, out_features, in, 1.0f, x, in, weight, in, 0.0f, out, out_features);
     if (bias == nullptr) return;
 #pragma omp parallel for if (int64_t{n} * out_features > (1 << 16))
@@ -170,9 +186,15 @@ class CpuBackend final : public FusedBackend {
 
   void linear_backward(float* dx, float* dweight, float* dbias, const float* dout, const float* x,
                        const float* weight, int n, int in, int out_features) override {
-    sgemm(false, false, n, in, out_features, 1.0f, dout, out_features, weight, in, 0.0f, dx, in);
-    sgemm(true, false, out_features, in, n, 1.0f, dout, out_features, x, in, 0.0f, dweight, in);
-    if (dbias == nullptr) return;
+    const float* d = dout;
+    if (bf16_matmuls_) {
+      d = rounded(dout, static_cast<size_t>(n) * out_features, &dr_);
+      x = rounded(x, static_cast<size_t>(n) * in, &xr_);
+      weight = rounded(weight, static_cast<size_t>(out_features) * in, &wr_);
+    }
+    sgemm(false, false, n, in, out_features, 1.0f, d, out_features, weight, in, 0.0f, dx, in);
+    sgemm(true, false, out_features, in, n, 1.0f, d, out_features, x, in, 0.0f, dweight, in);
+    if (dbias == nullptr) return;  // the bias gradient sums dout itself, in fp32
 #pragma omp parallel for if (int64_t{n} * out_features > (1 << 16))
     for (int j = 0; j < out_features; ++j) {
       float s = 0.0f;
@@ -335,6 +357,16 @@ class CpuBackend final : public FusedBackend {
   size_t peak_bytes() const override { return peak_; }
 
  private:
+  // src rounded to bf16 into *buf (resized as needed); returns buf's data.
+  static const float* rounded(const float* src, size_t n, std::vector<float>* buf) {
+    if (buf->size() < n) buf->resize(n);
+    float* dst = buf->data();
+#pragma omp parallel for simd if (n > (1 << 16))
+    for (size_t i = 0; i < n; ++i) dst[i] = round_to_bf16(src[i]);
+    return dst;
+  }
+  std::vector<float> xr_, wr_, dr_;  // bf16-rounded GEMM inputs (bf16_matmuls_ only)
+
   std::unordered_map<void*, size_t> live_;
   size_t in_use_ = 0, peak_ = 0;
 };

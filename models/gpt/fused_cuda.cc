@@ -4,7 +4,10 @@
 #include "models/gpt/fused_backend.h"
 
 #if defined(STARLING_WITH_CUDA)
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/cuda/allocator.h"
 #include "core/cuda/check.h"
@@ -27,6 +30,7 @@ class CudaBackend final : public FusedBackend {
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_.get());
     alloc_.deallocate(scratch_);
+    alloc_.deallocate(bf16_);
   }
 
   Status init() {
@@ -87,10 +91,20 @@ class CudaBackend final : public FusedBackend {
   }
   void linear_forward(float* out, const float* x, const float* weight, const float* bias, int n,
                       int in, int out_features) override {
+    if (bf16_matmuls_) {
+      cuda::linear_forward_bf16(out, x, weight, bias, n, in, out_features,
+                                bf16_scratch(n, in, out_features), cublas_.get(), stream_.get());
+      return;
+    }
     cuda::linear_forward(out, x, weight, bias, n, in, out_features, cublas_.get(), stream_.get());
   }
   void linear_backward(float* dx, float* dweight, float* dbias, const float* dout, const float* x,
                        const float* weight, int n, int in, int out_features) override {
+    if (bf16_matmuls_) {
+      cuda::linear_backward_bf16(dx, dweight, dbias, dout, x, weight, n, in, out_features,
+                                 bf16_scratch(n, in, out_features), cublas_.get(), stream_.get());
+      return;
+    }
     cuda::linear_backward(dx, dweight, dbias, dout, x, weight, n, in, out_features, cublas_.get(),
                           stream_.get());
   }
@@ -137,6 +151,19 @@ class CudaBackend final : public FusedBackend {
   size_t bytes_in_use() const override { return alloc_.stats().in_use; }
   size_t peak_bytes() const override { return alloc_.stats().peak_in_use; }
 
+  Status set_bf16_matmuls(bool on, size_t scratch_elems) override {
+    bf16_matmuls_ = on;
+    if (!on || scratch_elems * sizeof(__nv_bfloat16) <= bf16_bytes_) return ok_status();
+    synchronize();
+    alloc_.deallocate(bf16_);
+    bf16_ = nullptr;
+    bf16_bytes_ = 0;
+    ASSIGN_OR_RETURN(bf16_, alloc_.allocate(scratch_elems * sizeof(__nv_bfloat16)),
+                     "bf16 scratch for the linear layers");
+    bf16_bytes_ = scratch_elems * sizeof(__nv_bfloat16);
+    return ok_status();
+  }
+
  private:
   int* valid_count() const { return static_cast<int*>(scratch_); }
   const float* dloss_one() const {
@@ -144,8 +171,31 @@ class CudaBackend final : public FusedBackend {
   }
   double* partials() const { return reinterpret_cast<double*>(static_cast<char*>(scratch_) + 16); }
 
+  // The bf16 copies of a linear layer's inputs (reserved by set_bf16_matmuls for the largest
+  // layer; grown here only for a call larger than that).
+  __nv_bfloat16* bf16_scratch(int n, int in, int out) {
+    const size_t need = cuda::linear_bf16_scratch_elems(n, in, out) * sizeof(__nv_bfloat16);
+    if (need > bf16_bytes_) {
+      synchronize();  // queued GEMMs may still read the old block
+      alloc_.deallocate(bf16_);
+      bf16_ = nullptr;
+      bf16_bytes_ = 0;
+      auto p = alloc_.allocate(need);
+      if (!p.ok()) {
+        spdlog::critical("cuda:{}: bf16 scratch of {} bytes: {}", device_, need,
+                         p.status().to_string());
+        std::abort();
+      }
+      bf16_ = *p;
+      bf16_bytes_ = need;
+    }
+    return static_cast<__nv_bfloat16*>(bf16_);
+  }
+
   int device_;
   cuda::DeviceAllocator alloc_;
+  void* bf16_ = nullptr;
+  size_t bf16_bytes_ = 0;
   cuda::Stream stream_;
   cuda::CublasHandle cublas_;
   void* scratch_ = nullptr;

@@ -97,6 +97,16 @@ FusedGpt::~FusedGpt() {
   for (void* p : owned_) backend_->free(p);
 }
 
+Status FusedGpt::set_bf16_matmuls(bool on) {
+  const int64_t n = b_ * t_, c = config_.n_embd, v = config_.vocab_size;
+  // The largest linear call: the tied head (C -> V) or the MLP (C -> 4C, 4C -> C).
+  const auto elems = [n](int64_t in, int64_t out) {
+    return static_cast<size_t>(n * in + out * in + n * out);
+  };
+  const size_t most = std::max({elems(c, v), elems(c, 4 * c), elems(4 * c, c), elems(c, 3 * c)});
+  return backend_->set_bf16_matmuls(on, most);
+}
+
 Result<std::unique_ptr<FusedGpt>> FusedGpt::make(const GptConfig& config, int64_t batch,
                                                  int64_t time, uint64_t seed,
                                                  std::unique_ptr<FusedBackend> backend) {

@@ -67,6 +67,10 @@ class FusedGpt {
   FusedBackend& backend() { return *backend_; }
   // AdamW steps taken so far.
   int64_t steps() const { return steps_; }
+  // bf16 mixed precision of the linear layers (FusedBackend::set_bf16_matmuls): their GEMMs
+  // read bf16-rounded inputs and accumulate in fp32; master weights, AdamW, layer norms,
+  // attention and the loss stay fp32. Reserves the backend's conversion buffer.
+  Status set_bf16_matmuls(bool on);
 
   // Copies weights in (names and shapes must match models::Gpt's; nanoGPT's tied
   // "lm_head.weight" is ignored). A missing, unknown or misshapen tensor is InvalidArgument

@@ -20,7 +20,8 @@ class FusedEngine final : public GptEngine {
         host_(gc, tc.seed()) {}
 
   std::string describe() const override {
-    return "fused engine on " + where_ + " (" +
+    return std::string("fused engine (") + (model_->backend().bf16_matmuls() ? "bf16" : "fp32") +
+           " linear layers) on " + where_ + " (" +
            std::to_string((model_->backend().bytes_in_use() + 500'000) / 1'000'000) +
            " MB of buffers)";
   }
@@ -40,7 +41,8 @@ class FusedEngine final : public GptEngine {
     return &host_;
   }
   std::string metrics_fields() const override {
-    return ",\"engine\":\"fused\",\"device\":\"" + where_ + "\"";
+    return ",\"engine\":\"fused\",\"device\":\"" + where_ + "\",\"precision\":\"" +
+           (model_->backend().bf16_matmuls() ? "bf16" : "fp32") + "\"";
   }
 
  private:
@@ -68,6 +70,7 @@ GptEngineFactory fused_engine_factory(const FusedTrainOptions& options) {
     }
     ASSIGN_OR_RETURN(auto model, FusedGpt::make(gc, tc.batch_size(), gc.block_size, tc.seed(),
                                                 std::move(backend)));
+    RETURN_IF_ERROR(model->set_bf16_matmuls(tc.precision() == v1::TrainConfig::BF16));
     return std::unique_ptr<GptEngine>(std::make_unique<FusedEngine>(std::move(model), gc, tc));
   };
 }

@@ -121,6 +121,11 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& conf
                             " is smaller than the tokenizer's " +
                             std::to_string(tokenizer->vocab_size()));
   }
+  if (!make && tc.precision() == v1::TrainConfig::BF16) {
+    return invalid_argument(config_source +
+                            ": train.precision = \"bf16\" runs on the fused engine (train.engine "
+                            "= \"fused\", or --device cuda); the autograd engine is fp32 only");
+  }
   std::unique_ptr<GptEngine> engine;
   if (make) {
     ASSIGN_OR_RETURN(engine, make(gc, cfg), config_source);

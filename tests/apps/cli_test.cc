@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 namespace fs = std::filesystem;
@@ -153,6 +154,16 @@ TEST_CASE("cli: train.engine = fused trains the same GPT as the autograd engine"
   Run s = run("sample " + (d / "f" / "ckpt.safetensors").string() + " -n 20 --prompt to");
   REQUIRE(s.rc == 0);
   REQUIRE(s.out.rfind("to", 0) == 0);
+  // bf16 linear layers: the fused engine takes them, the autograd engine refuses.
+  Run bf16 = run("train -c " + (d / "fused.toml").string() + " --set train.precision=bf16");
+  INFO(bf16.out);
+  REQUIRE(bf16.rc == 0);
+  std::ifstream metrics(d / "f" / "metrics.jsonl");
+  const std::string lines((std::istreambuf_iterator<char>(metrics)), {});
+  CHECK_THAT(lines, Catch::Contains("\"precision\":\"bf16\""));
+  Run fp32_only = run("train -c " + (d / "autograd.toml").string() + " --set train.precision=bf16");
+  REQUIRE(fp32_only.rc != 0);
+  REQUIRE_THAT(fp32_only.out, Catch::Contains("fp32 only"));
   Run mdlm = run("train -c " + (d / "fused.toml").string() + " --set model.arch=mdlm");
   REQUIRE(mdlm.rc != 0);
   REQUIRE_THAT(mdlm.out, Catch::Contains("trains model.arch = \"gpt\" only"));

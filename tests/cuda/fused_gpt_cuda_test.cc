@@ -224,5 +224,72 @@ TEST_CASE("fused GPT on CUDA: 10 training steps give the CPU backend's losses", 
   }
 }
 
+TEST_CASE("bf16 linear layers on CUDA match the CPU backend's bf16 emulation", "[cuda]") {
+  STARLING_REQUIRE_GPU();
+  const auto [n, in, out] =
+      GENERATE(table<int, int, int>({{1, 1, 1}, {37, 70, 29}, {512, 384, 1152}, {64, 768, 3072}}));
+  INFO("N " << n << " IN " << in << " OUT " << out);
+  const auto x = random_floats(static_cast<size_t>(n) * in, 31),
+             w = random_floats(static_cast<size_t>(out) * in, 32),
+             bias = random_floats(static_cast<size_t>(out), 33),
+             dy = random_floats(static_cast<size_t>(n) * out, 34);
+  std::vector<float> want_y(static_cast<size_t>(n) * out), want_dx(x.size()), want_dw(w.size()),
+      want_db(bias.size());
+  {
+    auto cpu = models::make_fused_cpu_backend();
+    REQUIRE(cpu->set_bf16_matmuls(true, 0).ok());
+    cpu->linear_forward(want_y.data(), x.data(), w.data(), bias.data(), n, in, out);
+    cpu->linear_backward(want_dx.data(), want_dw.data(), want_db.data(), dy.data(), x.data(),
+                         w.data(), n, in, out);
+  }
+  auto handle = make_cublas();
+  auto stream = make_stream();
+  auto gx = DeviceArray<float>::from_host(x), gw = DeviceArray<float>::from_host(w),
+       gb = DeviceArray<float>::from_host(bias), gdy = DeviceArray<float>::from_host(dy);
+  DeviceArray<float> gy(want_y.size()), gdx(x.size()), gdw(w.size()), gdb(bias.size());
+  DeviceArray<__nv_bfloat16> scratch(linear_bf16_scratch_elems(n, in, out));
+  linear_forward_bf16(gy.get(), gx.get(), gw.get(), gb.get(), n, in, out, scratch.get(),
+                      handle.get(), stream.get());
+  linear_backward_bf16(gdx.get(), gdw.get(), gdb.get(), gdy.get(), gx.get(), gw.get(), n, in, out,
+                       scratch.get(), handle.get(), stream.get());
+  STARLING_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  // Same bf16 inputs, exact products: only the order of the fp32 sums differs.
+  auto close = [](const std::vector<float>& got, const std::vector<float>& want) {
+    double err = 0.0, scale = 1e-30;
+    for (size_t i = 0; i < want.size(); ++i) {
+      err = std::max(err, std::abs(static_cast<double>(got[i]) - want[i]));
+      scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+    }
+    return err / scale;
+  };
+  CHECK(close(gy.to_host(), want_y) <= 1e-4);
+  CHECK(close(gdx.to_host(), want_dx) <= 1e-4);
+  CHECK(close(gdw.to_host(), want_dw) <= 1e-4);
+  CHECK(close(gdb.to_host(), want_db) <= 1e-5);
+}
+
+TEST_CASE("fused GPT on CUDA in bf16: 10 training steps give the CPU emulation's losses",
+          "[cuda]") {
+  STARLING_REQUIRE_GPU();
+  const auto c = shape(1);
+  const int64_t b = 8;
+  auto cpu = make(c, b, false);
+  auto gpu = make(c, b, true);
+  REQUIRE(cpu->set_bf16_matmuls(true).ok());
+  REQUIRE(gpu->set_bf16_matmuls(true).ok());
+  const size_t n = static_cast<size_t>(b * c.block_size);
+  const models::FusedOptimizer opt{0.9, 0.99, 1e-8, 0.1};
+  for (int it = 0; it < 10; ++it) {
+    INFO("step " << it);
+    const auto x = random_tokens(n, c.vocab_size, 500 + it);
+    const auto y = random_tokens(n, c.vocab_size, 600 + it);
+    auto sc = cpu->train_step(x.data(), y.data(), n, 3e-3, opt, 1.0);
+    auto sg = gpu->train_step(x.data(), y.data(), n, 3e-3, opt, 1.0);
+    REQUIRE(sc.ok());
+    REQUIRE(sg.ok());
+    CHECK(std::abs(sg->loss - sc->loss) <= 1e-2 * sc->loss);  // the bf16 bound
+  }
+}
+
 }  // namespace
 }  // namespace starling::cuda

@@ -392,3 +392,64 @@ TEST_CASE("fused GPT steps are deterministic and overfit one batch", "[models][f
 
 }  // namespace
 }  // namespace starling::models
+
+namespace starling::models {
+namespace {
+
+TEST_CASE("bf16 linear layers round GEMM inputs to nearest even and accumulate in fp32",
+          "[models][fused]") {
+  auto backend = make_fused_cpu_backend();
+  // x: (1, 3), weight: (2, 3). In bf16 (8 significant bits) 1 + 2^-9 rounds down to 1,
+  // 1 + 2^-8 is a tie that goes to the even 1, 1 + 3 * 2^-8 a tie that goes up to 1 + 2^-6.
+  const float e = 1.0f / 256.0f;
+  const std::vector<float> x = {1.0f + e / 2, 1.0f + e, 1.0f + 3 * e};
+  const std::vector<float> w = {1.0f, 0.0f, 0.0f, 0.0f, 1.0f, 1.0f};
+  auto* dx = static_cast<float*>(*backend->alloc(x.size() * 4));
+  auto* dw = static_cast<float*>(*backend->alloc(w.size() * 4));
+  auto* dy = static_cast<float*>(*backend->alloc(2 * 4));
+  backend->copy_to_backend(dx, x.data(), x.size() * 4);
+  backend->copy_to_backend(dw, w.data(), w.size() * 4);
+  std::vector<float> y(2);
+  backend->linear_forward(dy, dx, dw, nullptr, 1, 3, 2);
+  backend->copy_to_host(y.data(), dy, 8);
+  CHECK(y[0] == 1.0f + e / 2);  // fp32: exact inputs
+  CHECK(y[1] == (1.0f + e) + (1.0f + 3 * e));
+  REQUIRE(backend->set_bf16_matmuls(true, 64).ok());
+  backend->linear_forward(dy, dx, dw, nullptr, 1, 3, 2);
+  backend->copy_to_host(y.data(), dy, 8);
+  CHECK(y[0] == 1.0f);
+  CHECK(y[1] == 1.0f + (1.0f + 4 * e));
+  // The inputs themselves are untouched.
+  std::vector<float> back(3);
+  backend->copy_to_host(back.data(), dx, 12);
+  CHECK(back == x);
+  backend->free(dx);
+  backend->free(dw);
+  backend->free(dy);
+}
+
+TEST_CASE("bf16 linear layers train within 1e-2 of fp32 over 10 steps", "[models][fused]") {
+  const auto c = tiny(true);
+  const int64_t b = 4;
+  auto fp32 = make_fused(c, b, c.block_size);
+  auto bf16 = make_fused(c, b, c.block_size);
+  REQUIRE(bf16->set_bf16_matmuls(true).ok());
+  const size_t n = static_cast<size_t>(b * c.block_size);
+  const FusedOptimizer opt{0.9, 0.99, 1e-8, 0.1};
+  double most = 0.0;
+  for (int it = 0; it < 10; ++it) {
+    const auto x = random_tokens(n, c.vocab_size, 300 + it);
+    const auto y = random_tokens(n, c.vocab_size, 400 + it);
+    auto a = fp32->train_step(x.data(), y.data(), n, 3e-3, opt, 1.0);
+    auto h = bf16->train_step(x.data(), y.data(), n, 3e-3, opt, 1.0);
+    REQUIRE(a.ok());
+    REQUIRE(h.ok());
+    INFO("step " << it << ": fp32 " << a->loss << ", bf16 " << h->loss);
+    CHECK(std::abs(h->loss - a->loss) <= 1e-2 * a->loss);
+    most = std::max(most, std::abs(h->loss - a->loss));
+  }
+  CHECK(most > 0.0);  // the rounding happened
+}
+
+}  // namespace
+}  // namespace starling::models
