@@ -83,20 +83,9 @@ Result<models::TrainSummary> train_gpt_ranks(const v1::RunConfig& cfg, const std
   }
   if (!(ro.bucket_mb > 0)) return invalid_argument("--bucket-mb must be positive");
 
-  ASSIGN_OR_RETURN(auto data_dir, data::resolve_data_dir(cfg.data().data_dir()),
-                   source + ": data.data_dir");
-  std::filesystem::path text_path;
-  if (!cfg.data().path().empty()) {
-    text_path = cfg.data().path();
-  } else {
-    ASSIGN_OR_RETURN(text_path, data::resolve_dataset_file(data_dir, cfg.data().dataset()),
-                     source + ": data.dataset");
-  }
-  ASSIGN_OR_RETURN(std::string text, data::read_text_file(text_path), source + ": data");
-  ASSIGN_OR_RETURN(auto tokenizer, models::make_tokenizer(cfg.data(), text, data_dir));
-  ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->encode(text), text_path.string());
-  ASSIGN_OR_RETURN(data::TextDataset ds,
-                   data::TextDataset::from_tokens(std::move(ids), cfg.data().val_fraction()));
+  ASSIGN_OR_RETURN(models::TextData text_data, models::load_text_data(cfg, source));
+  const data::TextDataset& ds = text_data.dataset;
+  const std::unique_ptr<data::Tokenizer>& tokenizer = text_data.tokenizer;
   models::GptConfig gc = models::GptConfig::from_proto(cfg.model(), tokenizer->vocab_size());
   RETURN_IF_ERROR(gc.validate(), source);
   if (gc.vocab_size < tokenizer->vocab_size()) {
@@ -127,8 +116,6 @@ Result<models::TrainSummary> train_gpt_ranks(const v1::RunConfig& cfg, const std
   comm::DataParallelOptions dpo;
   dpo.bucket_bytes = static_cast<size_t>(ro.bucket_mb * 1024 * 1024);
   dpo.overlap = ro.overlap;
-  spdlog::info("data: {} ({} tokens), tokenizer {} (V={})", text_path.string(),
-               ds.train_size() + ds.val_size(), tokenizer->name(), tokenizer->vocab_size());
 
   models::TrainSummary sum;
   sum.best_val_loss = 1e30;

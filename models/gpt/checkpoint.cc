@@ -2,12 +2,15 @@
 // train_loss, val_loss.
 #include "models/gpt/checkpoint.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
 
 #include "core/config/toml_config.h"
 #include "core/data/bpe_tokenizer.h"
 #include "core/data/char_tokenizer.h"
 #include "core/data/data_dir.h"
+#include "core/data/text_file.h"
 #include "core/io/safetensors.h"
 
 namespace starling::models {
@@ -109,6 +112,27 @@ Result<LoadedGpt> load_gpt_checkpoint(const std::filesystem::path& path,
   out.info.train_loss = num("train_loss");
   out.info.val_loss = num("val_loss");
   return out;
+}
+
+Result<TextData> load_text_data(const v1::RunConfig& cfg, const std::string& config_source) {
+  ASSIGN_OR_RETURN(auto data_dir, data::resolve_data_dir(cfg.data().data_dir()),
+                   config_source + ": data.data_dir");
+  std::filesystem::path path;
+  if (!cfg.data().path().empty()) {
+    path = cfg.data().path();
+  } else {
+    ASSIGN_OR_RETURN(path, data::resolve_dataset_file(data_dir, cfg.data().dataset()),
+                     config_source + ": data.dataset");
+  }
+  ASSIGN_OR_RETURN(std::string text, data::read_text_file(path), config_source + ": data");
+  ASSIGN_OR_RETURN(auto tokenizer, make_tokenizer(cfg.data(), text, data_dir));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->encode(text), path.string());
+  ASSIGN_OR_RETURN(data::TextDataset ds,
+                   data::TextDataset::from_tokens(std::move(ids), cfg.data().val_fraction()));
+  spdlog::info("data: {} ({} tokens: {} train, {} val), tokenizer {} (V={})", path.string(),
+               ds.train_size() + ds.val_size(), ds.train_size(), ds.val_size(), tokenizer->name(),
+               tokenizer->vocab_size());
+  return TextData{std::move(path), std::move(tokenizer), std::move(ds)};
 }
 
 }  // namespace starling::models

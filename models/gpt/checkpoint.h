@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "core/data/text_dataset.h"
 #include "core/data/tokenizer.h"
 #include "core/wire/config.pb.h"
 #include "models/gpt/gpt.h"
@@ -46,5 +47,15 @@ Result<std::string> hex_decode(const std::string& hex);
 Result<std::unique_ptr<data::Tokenizer>> make_tokenizer(const v1::DataConfig& data,
                                                         const std::string& corpus,
                                                         const std::filesystem::path& data_dir);
+
+// The text of [data] (data.path, else data.dataset under the data directory), tokenized and
+// split into train and val: what `starling train` reads for GPT and MDLM (and --ranks). Errors
+// name `config_source` and the key; logs one "data: ..." line.
+struct TextData {
+  std::filesystem::path path;
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  data::TextDataset dataset;
+};
+Result<TextData> load_text_data(const v1::RunConfig& config, const std::string& config_source);
 
 }  // namespace starling::models

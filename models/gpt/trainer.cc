@@ -95,23 +95,9 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& conf
   if (tc.threads() > 0) omp_set_num_threads(tc.threads());
 
   // Data.
-  ASSIGN_OR_RETURN(auto data_dir, data::resolve_data_dir(cfg.data().data_dir()),
-                   config_source + ": data.data_dir");
-  std::filesystem::path text_path;
-  if (!cfg.data().path().empty()) {
-    text_path = cfg.data().path();
-  } else {
-    ASSIGN_OR_RETURN(text_path, data::resolve_dataset_file(data_dir, cfg.data().dataset()),
-                     config_source + ": data.dataset");
-  }
-  ASSIGN_OR_RETURN(std::string text, data::read_text_file(text_path), config_source + ": data");
-  ASSIGN_OR_RETURN(auto tokenizer, make_tokenizer(cfg.data(), text, data_dir));
-  ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->encode(text), text_path.string());
-  ASSIGN_OR_RETURN(data::TextDataset ds,
-                   data::TextDataset::from_tokens(std::move(ids), cfg.data().val_fraction()));
-  spdlog::info("data: {} ({} tokens: {} train, {} val), tokenizer {} (V={})", text_path.string(),
-               ds.train_size() + ds.val_size(), ds.train_size(), ds.val_size(), tokenizer->name(),
-               tokenizer->vocab_size());
+  ASSIGN_OR_RETURN(TextData text_data, load_text_data(cfg, config_source));
+  const data::TextDataset& ds = text_data.dataset;
+  const std::unique_ptr<data::Tokenizer>& tokenizer = text_data.tokenizer;
 
   // Model and optimizer.
   GptConfig gc = GptConfig::from_proto(cfg.model(), tokenizer->vocab_size());
