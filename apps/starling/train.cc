@@ -95,17 +95,7 @@ Result<models::TrainSummary> train_gpt_ranks(const v1::RunConfig& cfg, const std
   }
 
   const std::filesystem::path out_dir = tc.out_dir();
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  if (ec) {
-    return invalid_argument(source + ": train.out_dir '" + out_dir.string() + "': " + ec.message());
-  }
-  {
-    std::ofstream f(out_dir / "config.toml");
-    f << config::to_toml(cfg);
-  }
-  std::ofstream metrics(out_dir / "metrics.jsonl", std::ios::trunc);
-  if (!metrics) return invalid_argument("cannot write " + (out_dir / "metrics.jsonl").string());
+  ASSIGN_OR_RETURN(std::ofstream metrics, config::open_run_dir(cfg, source));
 
   const int total_threads = tc.threads() > 0 ? tc.threads() : omp_get_max_threads();
   const int rank_threads = std::max(1, total_threads / n);

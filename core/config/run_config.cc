@@ -1,6 +1,8 @@
 // Value checks of a RunConfig: the constraints the schema's types cannot express.
 #include <charconv>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -117,6 +119,24 @@ Result<starling::v1::RunConfig> load_run_config(const std::filesystem::path& fil
   RETURN_IF_ERROR(load_toml(file, &config));
   RETURN_IF_ERROR(validate_run_config(config, file.string()));
   return config;
+}
+
+Result<std::ofstream> open_run_dir(const starling::v1::RunConfig& c, std::string_view source) {
+  const std::filesystem::path out_dir = c.train().out_dir();
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) {
+    return invalid_argument(std::string(source) + ": train.out_dir '" + out_dir.string() +
+                            "': " + ec.message());
+  }
+  {
+    std::ofstream f(out_dir / "config.toml");
+    f << to_toml(c);
+    if (!f) return invalid_argument("cannot write " + (out_dir / "config.toml").string());
+  }
+  std::ofstream metrics(out_dir / "metrics.jsonl", std::ios::trunc);
+  if (!metrics) return invalid_argument("cannot write " + (out_dir / "metrics.jsonl").string());
+  return metrics;
 }
 
 }  // namespace starling::config

@@ -5,6 +5,7 @@
 #include <google/protobuf/message.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <string_view>
 
@@ -43,5 +44,11 @@ Status validate_run_config(const starling::v1::RunConfig& config, std::string_vi
 
 // load_toml into a RunConfig, then validate_run_config.
 Result<starling::v1::RunConfig> load_run_config(const std::filesystem::path& file);
+
+// A training run's folder: creates train.out_dir, writes the effective config there as
+// config.toml and opens metrics.jsonl (truncated) for the run's JSON lines. Errors name
+// `source_name`, the key and the path.
+Result<std::ofstream> open_run_dir(const starling::v1::RunConfig& config,
+                                   std::string_view source_name);
 
 }  // namespace starling::config

@@ -133,18 +133,7 @@ Result<TrainSummary> train_ddpm(const v1::RunConfig& cfg, const std::string& con
                                     tc.lr_decay_iters()};
 
   const std::filesystem::path out_dir = tc.out_dir();
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  if (ec) {
-    return invalid_argument(config_source + ": train.out_dir '" + out_dir.string() +
-                            "': " + ec.message());
-  }
-  {
-    std::ofstream f(out_dir / "config.toml");
-    f << config::to_toml(cfg);
-  }
-  std::ofstream metrics(out_dir / "metrics.jsonl", std::ios::trunc);
-  if (!metrics) return invalid_argument("cannot write " + (out_dir / "metrics.jsonl").string());
+  ASSIGN_OR_RETURN(std::ofstream metrics, config::open_run_dir(cfg, config_source));
 
   Rng batch_rng(tc.seed() + 1);
   Rng noise_rng(tc.seed() + 3);

@@ -239,3 +239,33 @@ TEST_CASE("every run config in configs/ loads and validates", "[config]") {
   }
   CHECK(loaded >= 2);
 }
+
+TEST_CASE("open_run_dir writes config.toml and opens metrics.jsonl, a bad out_dir names the key",
+          "[config]") {
+  const fs::path dir = fs::temp_directory_path() / "starling_open_run_dir";
+  fs::remove_all(dir);
+  RunConfig c;
+  c.mutable_train()->set_out_dir((dir / "run" / "nested").string());
+  c.mutable_train()->set_max_iters(77);
+  {
+    auto metrics = starling::config::open_run_dir(c, "run.toml");
+    INFO(metrics.status().to_string());
+    REQUIRE(metrics.ok());
+    *metrics << "{\"event\":\"x\"}\n";
+  }
+  RunConfig back;
+  REQUIRE(load_toml(dir / "run" / "nested" / "config.toml", &back).ok());
+  CHECK(back.train().max_iters() == 77);
+  std::ifstream m(dir / "run" / "nested" / "metrics.jsonl");
+  std::string line;
+  REQUIRE(std::getline(m, line));
+  CHECK(line == "{\"event\":\"x\"}");
+
+  std::ofstream(dir / "file") << "not a folder";
+  c.mutable_train()->set_out_dir((dir / "file" / "run").string());
+  auto bad = starling::config::open_run_dir(c, "run.toml");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(),
+             Catch::Contains("run.toml") && Catch::Contains("train.out_dir"));
+  fs::remove_all(dir);
+}
