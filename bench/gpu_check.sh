@@ -18,7 +18,23 @@ args=(-DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DSTARLING_BUILD_BENCH=ON)
 if [ -d carry ]; then
   args+=(-DCatch2_DIR="$root/carry/lib/cmake/Catch2"
          -Dtomlplusplus_DIR="$root/carry/lib/cmake/tomlplusplus"
+         -DCMAKE_PREFIX_PATH="$root/carry"
          "-DCMAKE_CXX_FLAGS=-isystem $root/carry/include")
+fi
+# Development files the configure step needs beyond carry/ (cmake/StarlingDeps.cmake): say at
+# once which are missing instead of failing inside CMake.
+missing=()
+for h in pcre2.h curl/curl.h zlib.h cblas.h spdlog/spdlog.h CLI/CLI.hpp nlohmann/json.hpp \
+         google/protobuf/message.h openssl/ssl.h; do
+  found=no
+  for d in /usr/include /usr/include/x86_64-linux-gnu /usr/include/x86_64-linux-gnu/openblas-openmp \
+           /usr/include/openblas "$root/carry/include"; do
+    [ -f "$d/$h" ] && found=yes && break
+  done
+  [ $found = yes ] || missing+=("$h")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "gpu_check: missing development headers: ${missing[*]} (carry them, see bench/make_carry.sh)"
 fi
 command -v ninja >/dev/null || args+=(-G "Unix Makefiles")
 if ! command -v nvcc >/dev/null; then

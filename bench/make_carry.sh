@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs on a build machine that has them (Debian: libasio-dev, libtomlplusplus-dev, catch2 v2):
-# copies the header-only dependencies a GPU machine lacks into carry/ (git-ignored), for
+# Runs on a build machine that has them (Debian: libasio-dev, libtomlplusplus-dev, catch2 v2,
+# prometheus-cpp-dev): copies the dependencies a GPU machine lacks into carry/ (git-ignored):
+# header-only ones, and prometheus-cpp's headers and core library (it needs only libstdc++), for
 # bench/gpu_check.sh there. toml++ is carried header-only (TOML_HEADER_ONLY=1) with its own
 # small CMake config, since Debian's config points at a shared library.
 set -euo pipefail
@@ -12,6 +13,10 @@ cp -r /usr/include/asio /usr/include/asio.hpp /usr/include/toml++ /usr/include/c
 cp -r /usr/lib/cmake/Catch2 "$out/lib/cmake/"  # relocatable: include dir is ../../../include
 # The config checks that every imported file exists, though starling links only Catch2::Catch2.
 cp /usr/lib/libCatch2WithMain.a "$out/lib/"
+# prometheus-cpp core: found by cmake/StarlingDeps.cmake's fallback (prometheus/registry.h and
+# libprometheus-cpp-core.so.1.0) through -DCMAKE_PREFIX_PATH=carry.
+cp -r /usr/include/prometheus "$out/include/"
+cp /usr/lib/x86_64-linux-gnu/libprometheus-cpp-core.so.1.0 "$out/lib/"
 cat > "$out/lib/cmake/tomlplusplus/tomlplusplusConfig.cmake" <<'CFG'
 # toml++ header-only, relative to this file (written by bench/make_carry.sh).
 if(NOT TARGET tomlplusplus::tomlplusplus)
