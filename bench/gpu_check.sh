@@ -21,6 +21,16 @@ if [ -d carry ]; then
          -DCMAKE_PREFIX_PATH="$root/carry"
          "-DCMAKE_CXX_FLAGS=-isystem $root/carry/include")
 fi
+if [ -d carry/lib/pkgconfig ]; then
+  export PKG_CONFIG_PATH="$root/carry/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+fi
+# No curl development files: carried headers and the machine's own runtime library.
+if [ ! -f /usr/include/curl/curl.h ] && [ ! -f /usr/include/x86_64-linux-gnu/curl/curl.h ] &&
+   [ -f carry/include/curl/curl.h ]; then
+  libcurl=$(ls /usr/lib/x86_64-linux-gnu/libcurl.so.4 /usr/lib/x86_64-linux-gnu/libcurl*.so.4 \
+            2>/dev/null | head -1)
+  [ -n "$libcurl" ] && args+=(-DCURL_INCLUDE_DIR="$root/carry/include" -DCURL_LIBRARY="$libcurl")
+fi
 # Development files the configure step needs beyond carry/ (cmake/StarlingDeps.cmake): say at
 # once which are missing instead of failing inside CMake.
 missing=()

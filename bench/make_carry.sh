@@ -17,6 +17,25 @@ cp /usr/lib/libCatch2WithMain.a "$out/lib/"
 # libprometheus-cpp-core.so.1.0) through -DCMAKE_PREFIX_PATH=carry.
 cp -r /usr/include/prometheus "$out/include/"
 cp /usr/lib/x86_64-linux-gnu/libprometheus-cpp-core.so.1.0 "$out/lib/"
+# PCRE2 (GPT-2 tokenizer): headers, the library (it needs only libc) under both names, and a
+# relocatable pkg-config file (bench/gpu_check.sh puts carry/lib/pkgconfig on PKG_CONFIG_PATH).
+mkdir -p "$out/lib/pkgconfig"
+cp /usr/include/pcre2.h "$out/include/"
+cp /usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 "$out/lib/libpcre2-8.so.0"
+cp /usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 "$out/lib/libpcre2-8.so"
+cat > "$out/lib/pkgconfig/libpcre2-8.pc" <<'PC'
+prefix=${pcfiledir}/../..
+libdir=${prefix}/lib
+includedir=${prefix}/include
+Name: libpcre2-8
+Description: PCRE2 8-bit (carried by bench/make_carry.sh)
+Version: 10.42
+Libs: -L${libdir} -lpcre2-8
+Cflags: -I${includedir}
+PC
+# curl's headers only: its library pulls distribution-specific sonames, so gpu_check.sh links
+# the GPU machine's own libcurl.so.4 when that machine has no development files.
+cp -r /usr/include/x86_64-linux-gnu/curl "$out/include/"
 cat > "$out/lib/cmake/tomlplusplus/tomlplusplusConfig.cmake" <<'CFG'
 # toml++ header-only, relative to this file (written by bench/make_carry.sh).
 if(NOT TARGET tomlplusplus::tomlplusplus)
