@@ -204,6 +204,23 @@ every_rounds = 1
 max_examples = 4
 )";
 
+// The task's initial model saved as a checkpoint at `round`, then read back by `load`
+// (a path -> Result<T> function); the file is removed either way.
+template <typename Load>
+auto saved_and_loaded(SimTask& task, const std::string& name, uint64_t round, Load load) {
+  const fs::path file = fs::temp_directory_path() / ("starling_diffusion_" + name + ".safetensors");
+  REQUIRE(task.save_model(file, task.initial_model(), round).ok());
+  auto loaded = load(file);
+  fs::remove(file);
+  INFO(loaded.status().to_string());
+  REQUIRE(loaded.ok());
+  return std::move(*loaded);
+}
+
+const auto load_mdlm = [](const fs::path& f) { return models::load_mdlm_checkpoint(f); };
+const auto load_gpt = [](const fs::path& f) { return models::load_gpt_checkpoint(f); };
+const auto load_ddpm = [](const fs::path& f) { return models::load_ddpm_checkpoint(f); };
+
 TEST_CASE("a federated MDLM round is the weighted average of its clients' updates", "[sim]") {
   if (!have_data("tinyshakespeare/input.txt")) return;
   auto cfg = parse(kMdlm);
@@ -211,14 +228,9 @@ TEST_CASE("a federated MDLM round is the weighted average of its clients' update
   // The task's model is an MDLM checkpoint, and its evaluation a NELBO with a denoising accuracy.
   auto task = SimTask::create(cfg, "mdlm.toml");
   REQUIRE(task.ok());
-  const fs::path file = fs::temp_directory_path() / "starling_diffusion_mdlm.safetensors";
-  REQUIRE((*task)->save_model(file, (*task)->initial_model(), 3).ok());
-  auto loaded = models::load_mdlm_checkpoint(file);
-  INFO(loaded.status().to_string());
-  REQUIRE(loaded.ok());
-  CHECK(loaded->model->config().n_embd == 16);
-  CHECK(loaded->info.iter == 3);
-  fs::remove(file);
+  const auto loaded = saved_and_loaded(**task, "mdlm", 3, load_mdlm);
+  CHECK(loaded.model->config().n_embd == 16);
+  CHECK(loaded.info.iter == 3);
   const TaskEval e = (*task)->evaluate((*task)->initial_model());
   CHECK(e.loss > 0);
   CHECK(e.accuracy >= 0);
@@ -233,13 +245,7 @@ TEST_CASE("federated GPT and MDLM train with rotary positions (model.pos_encodin
   auto task = SimTask::create(cfg, "mdlm_rope.toml");
   REQUIRE(task.ok());
   for (const auto& t : (*task)->layout()) CHECK(t.name != "transformer.wpe.weight");
-  const fs::path file = fs::temp_directory_path() / "starling_diffusion_mdlm_rope.safetensors";
-  REQUIRE((*task)->save_model(file, (*task)->initial_model(), 1).ok());
-  auto loaded = models::load_mdlm_checkpoint(file);
-  INFO(loaded.status().to_string());
-  REQUIRE(loaded.ok());
-  CHECK(loaded->model->config().rope);
-  fs::remove(file);
+  CHECK(saved_and_loaded(**task, "mdlm_rope", 1, load_mdlm).model->config().rope);
 
   auto gpt = cfg;
   gpt.mutable_model()->set_arch(v1::FedModelConfig::GPT);
@@ -249,12 +255,7 @@ TEST_CASE("federated GPT and MDLM train with rotary positions (model.pos_encodin
   INFO(gtask.status().to_string());
   REQUIRE(gtask.ok());
   for (const auto& t : (*gtask)->layout()) CHECK(t.name != "transformer.wpe.weight");
-  REQUIRE((*gtask)->save_model(file, (*gtask)->initial_model(), 1).ok());
-  auto g = models::load_gpt_checkpoint(file);
-  INFO(g.status().to_string());
-  REQUIRE(g.ok());
-  CHECK(g->model->config().rope);
-  fs::remove(file);
+  CHECK(saved_and_loaded(**gtask, "gpt_rope", 1, load_gpt).model->config().rope);
 
   auto odd = cfg;
   odd.mutable_model()->set_n_head(16);  // head size 1
@@ -269,14 +270,9 @@ TEST_CASE("a federated DDPM round is the weighted average of its clients' update
   check_one_round_is_weighted_average(cfg, "ddpm");
   auto task = SimTask::create(cfg, "ddpm.toml");
   REQUIRE(task.ok());
-  const fs::path file = fs::temp_directory_path() / "starling_diffusion_ddpm.safetensors";
-  REQUIRE((*task)->save_model(file, (*task)->initial_model(), 2).ok());
-  auto loaded = models::load_ddpm_checkpoint(file);
-  INFO(loaded.status().to_string());
-  REQUIRE(loaded.ok());
-  CHECK(loaded->model->config().unet.base_channels == 4);
-  CHECK_FALSE(loaded->model->has_ema());
-  fs::remove(file);
+  const auto loaded = saved_and_loaded(**task, "ddpm", 2, load_ddpm);
+  CHECK(loaded.model->config().unet.base_channels == 4);
+  CHECK_FALSE(loaded.model->has_ema());
   const TaskEval e = (*task)->evaluate((*task)->initial_model());
   CHECK(e.loss > 0.5);  // an untrained denoiser explains little of the noise
   CHECK(e.accuracy == Approx(1.0 - e.loss));
