@@ -1,6 +1,9 @@
 // CPU attention: per (batch, head) BLAS products over strided rows, probabilities kept for
 // the backward pass. Parallel over (batch, head); BLAS runs single-threaded inside.
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <string>
 
 #include "core/autograd/autograd.h"
 #include "core/ops/attention.h"
@@ -19,9 +22,36 @@ struct Layout {
   int64_t at(int64_t b, int64_t h) const { return b * b_stride + h * h_stride; }
 };
 
+// Softmax of row[0, n) over the keys in mask.key_ranges(i, n); the others get probability 0.
+template <typename T>
+void masked_softmax_row(T* row, int64_t i, int64_t n, const AttnMask& mask) {
+  switch (mask.kind) {
+    case AttnMask::Kind::kFull:
+      internal::softmax_row(row, n, n);
+      return;
+    case AttnMask::Kind::kCausal:
+      internal::softmax_row(row, n, i + 1);
+      return;
+    default:
+      break;
+  }
+  const auto r = mask.key_ranges(i, n);
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t j = r[0]; j < r[1]; ++j) mx = std::max(mx, row[j]);
+  for (int64_t j = r[2]; j < r[3]; ++j) mx = std::max(mx, row[j]);
+  T s = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const bool in = (j >= r[0] && j < r[1]) || (j >= r[2] && j < r[3]);
+    row[j] = in ? std::exp(row[j] - mx) : T(0);
+    s += row[j];
+  }
+  const T inv = 1 / s;
+  for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+}
+
 template <typename T>
 void attn_forward(const T* q, const T* k, const T* v, Layout in, T* out, Layout ol, T* probs,
-                  int64_t B, int64_t H, int64_t Tn, int64_t D, bool causal) {
+                  int64_t B, int64_t H, int64_t Tn, int64_t D, const AttnMask& mask) {
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * H; ++bh) {
@@ -30,7 +60,7 @@ void attn_forward(const T* q, const T* k, const T* v, Layout in, T* out, Layout 
     const int64_t io = in.at(b, h);
     gemm<T>(false, true, Tn, Tn, D, scale, q + io, in.row_stride, k + io, in.row_stride, T(0), p,
             Tn);
-    for (int64_t t = 0; t < Tn; ++t) internal::softmax_row(p + t * Tn, Tn, causal ? t + 1 : Tn);
+    for (int64_t t = 0; t < Tn; ++t) masked_softmax_row(p + t * Tn, t, Tn, mask);
     gemm<T>(false, false, Tn, D, Tn, T(1), p, Tn, v + io, in.row_stride, T(0), out + ol.at(b, h),
             ol.row_stride);
   }
@@ -74,12 +104,56 @@ void attn_backward(const T* q, const T* k, const T* v, Layout in, const T* gout,
 
 }  // namespace
 
+std::array<int64_t, 4> AttnMask::key_ranges(int64_t i, int64_t n) const {
+  switch (kind) {
+    case Kind::kFull:
+      return {0, n, 0, 0};
+    case Kind::kCausal:
+      return {0, i + 1, 0, 0};
+    case Kind::kBlockCausal:
+      return {0, std::min(n, (i / block + 1) * block), 0, 0};
+    case Kind::kBlockDiffusion: {
+      const int64_t half = n / 2;
+      if (i < half) {  // noisy query: clean blocks before its own, then its own noisy block
+        const int64_t b0 = (i / block) * block;
+        return {half, half + b0, b0, b0 + block};
+      }
+      return {half, half + ((i - half) / block + 1) * block, 0, 0};
+    }
+  }
+  return {0, n, 0, 0};
+}
+
+std::string AttnMask::check(int64_t n) const {
+  if (kind == Kind::kFull || kind == Kind::kCausal) return {};
+  if (block < 1) return "attention block length " + std::to_string(block) + " must be >= 1";
+  if (kind == Kind::kBlockCausal) {
+    if (n % block != 0) {
+      return "attention block length " + std::to_string(block) +
+             " does not divide the sequence length " + std::to_string(n);
+    }
+    return {};
+  }
+  if (n % 2 != 0 || (n / 2) % block != 0) {
+    return "block-diffusion attention needs a sequence of two halves divisible by the block "
+           "length " +
+           std::to_string(block) + ", got length " + std::to_string(n);
+  }
+  return {};
+}
+
 Tensor attention_packed(const Tensor& qkv, int64_t n_head, bool causal) {
+  return attention_packed(qkv, n_head, causal ? AttnMask::causal() : AttnMask::full());
+}
+
+Tensor attention_packed(const Tensor& qkv, int64_t n_head, const AttnMask& mask) {
   STARLING_OP_CHECK(qkv.dim() == 3 && qkv.shape()[2] % 3 == 0, "attention",
                     "qkv must be (B, T, 3C), got " + shape_str(qkv.shape()));
   const int64_t B = qkv.shape()[0], Tn = qkv.shape()[1], C = qkv.shape()[2] / 3;
   STARLING_OP_CHECK(n_head > 0 && C % n_head == 0, "attention", "C not divisible by n_head");
   const int64_t D = C / n_head;
+  const std::string bad = mask.check(Tn);
+  STARLING_OP_CHECK(bad.empty(), "attention", bad);
   const Tensor x = qkv.contiguous();
   Tensor out = Tensor::uninitialized({B, Tn, C}, qkv.dtype());
   Tensor probs = Tensor::uninitialized({B, n_head, Tn, Tn}, qkv.dtype());
@@ -87,7 +161,7 @@ Tensor attention_packed(const Tensor& qkv, int64_t n_head, bool causal) {
   internal::dispatch_float(qkv.dtype(), "attention", [&]<typename T>() {
     const T* p = x.data<T>();
     attn_forward<T>(p, p + C, p + 2 * C, in, out.data<T>(), ol, probs.data<T>(), B, n_head, Tn, D,
-                    causal);
+                    mask);
   });
   if (!autograd::needs_grad({&qkv})) return out;
   return autograd::record(
@@ -114,7 +188,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal)
   const Layout l{H * Tn * D, Tn * D, D};
   internal::dispatch_float(q.dtype(), "attention", [&]<typename T>() {
     attn_forward<T>(qc.data<T>(), kc.data<T>(), vc.data<T>(), l, out.data<T>(), l, probs.data<T>(),
-                    B, H, Tn, D, causal);
+                    B, H, Tn, D, causal ? AttnMask::causal() : AttnMask::full());
   });
   if (!autograd::needs_grad({&q, &k, &v})) return out;
   return autograd::record(out, "attention", {q, k, v},

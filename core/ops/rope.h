@@ -15,7 +15,9 @@ namespace starling::ops {
 Tensor rope(const Tensor& x, int64_t n_head, double base = 10000.0);
 
 // qkv: (B, T, 3C) packed as [q | k | v] (the layout of attention_packed), H heads of D = C / H,
-// D even -> (B, T, 3C) with q and k rotated as rope() does and v copied unchanged.
-Tensor rope_packed(const Tensor& qkv, int64_t n_head, double base = 10000.0);
+// D even -> (B, T, 3C) with q and k rotated as rope() does and v copied unchanged. With
+// period > 0 the position of row t is t % period (the block-diffusion layout [x_t | x_0] holds
+// the same positions twice); REQUIRES period >= 0.
+Tensor rope_packed(const Tensor& qkv, int64_t n_head, double base = 10000.0, int64_t period = 0);
 
 }  // namespace starling::ops

@@ -1,5 +1,6 @@
 // CPU rotary embeddings: one (T, D/2) cos/sin table per call (angles in double), rows rotated in
 // place of a copy. The backward pass is the same kernel with the sine negated (R^T = R(-theta)).
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -38,11 +39,11 @@ RopeTable make_table(int64_t Tn, int64_t D, double base) {
 // rotated (sign = +1) or rotated back (sign = -1), the rest of the row is copied.
 template <typename T>
 void rope_rows(const T* x, T* y, int64_t B, int64_t Tn, int64_t row, int64_t n_rot_heads, int64_t D,
-               const RopeTable& tab, double sign) {
+               int64_t period, const RopeTable& tab, double sign) {
   const int64_t half = D / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < B * Tn; ++bt) {
-    const int64_t t = bt % Tn;
+    const int64_t t = (bt % Tn) % period;
     const T* xr = x + bt * row;
     T* yr = y + bt * row;
     const double* c = tab.cos.data() + t * half;
@@ -62,23 +63,27 @@ void rope_rows(const T* x, T* y, int64_t B, int64_t Tn, int64_t row, int64_t n_r
 }
 
 // Shared by rope() and rope_packed(): rotates the first `rot_heads` heads of each (B, T) row.
-Tensor rope_impl(const Tensor& x, int64_t D, int64_t rot_heads, double base, const char* name) {
+// Positions are t % period (period = T when none is given).
+Tensor rope_impl(const Tensor& x, int64_t D, int64_t rot_heads, double base, int64_t period,
+                 const char* name) {
   const int64_t B = x.shape()[0], Tn = x.shape()[1], row = x.shape()[2];
+  const int64_t per = period > 0 ? std::min(period, Tn) : Tn;
   const Tensor xc = x.contiguous();
   Tensor out = Tensor::uninitialized(x.shape(), x.dtype());
-  auto tab = std::make_shared<RopeTable>(make_table(Tn, D, base));
+  auto tab = std::make_shared<RopeTable>(make_table(per, D, base));
   internal::dispatch_float(x.dtype(), name, [&]<typename T>() {
-    rope_rows<T>(xc.data<T>(), out.data<T>(), B, Tn, row, rot_heads, D, *tab, 1.0);
+    rope_rows<T>(xc.data<T>(), out.data<T>(), B, Tn, row, rot_heads, D, per, *tab, 1.0);
   });
   if (!autograd::needs_grad({&x})) return out;
-  return autograd::record(out, name, {x}, [tab, B, Tn, row, rot_heads, D, name](const Tensor& g) {
-    const Tensor gc = g.contiguous();
-    Tensor gx = Tensor::uninitialized(gc.shape(), gc.dtype());
-    internal::dispatch_float(gc.dtype(), name, [&]<typename T>() {
-      rope_rows<T>(gc.data<T>(), gx.data<T>(), B, Tn, row, rot_heads, D, *tab, -1.0);
-    });
-    return std::vector<Tensor>{gx};
-  });
+  return autograd::record(
+      out, name, {x}, [tab, B, Tn, row, rot_heads, D, per, name](const Tensor& g) {
+        const Tensor gc = g.contiguous();
+        Tensor gx = Tensor::uninitialized(gc.shape(), gc.dtype());
+        internal::dispatch_float(gc.dtype(), name, [&]<typename T>() {
+          rope_rows<T>(gc.data<T>(), gx.data<T>(), B, Tn, row, rot_heads, D, per, *tab, -1.0);
+        });
+        return std::vector<Tensor>{gx};
+      });
 }
 
 }  // namespace
@@ -91,10 +96,10 @@ Tensor rope(const Tensor& x, int64_t n_head, double base) {
   const int64_t D = C / n_head;
   STARLING_OP_CHECK(D % 2 == 0, "rope", "head size " + std::to_string(D) + " must be even");
   STARLING_OP_CHECK(base > 0.0 && std::isfinite(base), "rope", "base must be finite and > 0");
-  return rope_impl(x, D, n_head, base, "rope");
+  return rope_impl(x, D, n_head, base, 0, "rope");
 }
 
-Tensor rope_packed(const Tensor& qkv, int64_t n_head, double base) {
+Tensor rope_packed(const Tensor& qkv, int64_t n_head, double base, int64_t period) {
   STARLING_OP_CHECK(qkv.dim() == 3 && qkv.shape()[2] % 3 == 0, "rope_packed",
                     "qkv must be (B, T, 3C), got " + shape_str(qkv.shape()));
   const int64_t C = qkv.shape()[2] / 3;
@@ -104,8 +109,9 @@ Tensor rope_packed(const Tensor& qkv, int64_t n_head, double base) {
   STARLING_OP_CHECK(D % 2 == 0, "rope_packed", "head size " + std::to_string(D) + " must be even");
   STARLING_OP_CHECK(base > 0.0 && std::isfinite(base), "rope_packed",
                     "base must be finite and > 0");
+  STARLING_OP_CHECK(period >= 0, "rope_packed", "period must be >= 0");
   // q and k are 2H consecutive heads of D channels; v follows untouched.
-  return rope_impl(qkv, D, 2 * n_head, base, "rope_packed");
+  return rope_impl(qkv, D, 2 * n_head, base, period, "rope_packed");
 }
 
 }  // namespace starling::ops

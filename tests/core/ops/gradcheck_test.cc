@@ -114,6 +114,25 @@ TEST_CASE("gradcheck: cross entropy", "[ops][grad]") {
              rand64({5, 6}, 1, 2.0));
 }
 
+TEST_CASE("gradcheck: attention with block masks", "[ops][grad]") {
+  // Block-causal over T = 6 in blocks of 2; the block-diffusion layout over 2 x 4 in blocks of 2.
+  CHECK_GRAD(
+      [](const auto& x) { return ops::attention_packed(x[0], 2, ops::AttnMask::block_causal(2)); },
+      rand64({2, 6, 18}, 4));
+  CHECK_GRAD(
+      [](const auto& x) {
+        return ops::attention_packed(x[0], 2, ops::AttnMask::block_diffusion(2));
+      },
+      rand64({1, 8, 18}, 5));
+}
+
+TEST_CASE("gradcheck: weighted cross entropy", "[ops][grad]") {
+  Tensor targets = Tensor::from_vector(std::vector<int32_t>{2, 0, 4, -100, 1}, {5});
+  const std::vector<double> w{0.5, 2.0, 0.0, 7.0, 1.25};
+  auto loss = [targets, w](const auto& x) { return ops::weighted_cross_entropy(x[0], targets, w); };
+  CHECK_GRAD(loss, rand64({5, 6}, 1, 2.0));
+}
+
 TEST_CASE("gradcheck: dropout keeps its mask for backward", "[ops][grad]") {
   CHECK_GRAD(
       [](const auto& x) {

@@ -133,3 +133,88 @@ TEST_CASE("fast float exp and erf stay within their documented error", "[ops]") 
                                  ops::gelu(x, ops::GeluApprox::kTanh)) < 1e-6);
   REQUIRE(starling::max_abs_diff(ops::silu(x.to(DType::kF32)), ops::silu(x)) < 1e-6);
 }
+
+namespace {
+// Whether query i of n may read key j, written out from each mask's definition.
+bool allowed(const ops::AttnMask& m, int64_t i, int64_t j, int64_t n) {
+  using K = ops::AttnMask::Kind;
+  switch (m.kind) {
+    case K::kFull:
+      return true;
+    case K::kCausal:
+      return j <= i;
+    case K::kBlockCausal:
+      return j / m.block <= i / m.block;
+    case K::kBlockDiffusion: {
+      const int64_t h = n / 2;
+      const bool qn = i < h, kn = j < h;  // noisy (x_t) half?
+      const int64_t qb = (qn ? i : i - h) / m.block, kb = (kn ? j : j - h) / m.block;
+      if (qn) return kn ? kb == qb : kb < qb;
+      return !kn && kb <= qb;
+    }
+  }
+  return false;
+}
+}  // namespace
+
+TEST_CASE("masked attention equals a float64 softmax over the allowed keys", "[ops]") {
+  const ops::AttnMask mask =
+      GENERATE(ops::AttnMask::full(), ops::AttnMask::causal(), ops::AttnMask::block_causal(3),
+               ops::AttnMask::block_diffusion(2), ops::AttnMask::block_diffusion(1));
+  const int64_t B = 2, T = 12, H = 2, D = 3, C = H * D;
+  const Tensor qkv = rand64({B, T, 3 * C}, 21);
+  const auto x = qkv.to_double_vector();
+  const auto out = ops::attention_packed(qkv, H, mask).to_double_vector();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < T; ++i) {
+        auto at = [&](int64_t t, int64_t part, int64_t d) {
+          return x[static_cast<size_t>((b * T + t) * 3 * C + part * C + h * D + d)];
+        };
+        std::vector<double> w(static_cast<size_t>(T), 0.0);
+        double mx = -1e300, sum = 0.0;
+        for (int64_t j = 0; j < T; ++j) {
+          if (!allowed(mask, i, j, T)) continue;
+          double s = 0;
+          for (int64_t d = 0; d < D; ++d) s += at(i, 0, d) * at(j, 1, d);
+          w[j] = s / std::sqrt(static_cast<double>(D));
+          mx = std::max(mx, w[j]);
+        }
+        for (int64_t j = 0; j < T; ++j) {
+          w[j] = allowed(mask, i, j, T) ? std::exp(w[j] - mx) : 0.0;
+          sum += w[j];
+        }
+        for (int64_t d = 0; d < D; ++d) {
+          double y = 0;
+          for (int64_t j = 0; j < T; ++j) y += w[j] / sum * at(j, 2, d);
+          REQUIRE(out[static_cast<size_t>((b * T + i) * C + h * D + d)] ==
+                  Approx(y).epsilon(1e-12).margin(1e-13));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("attention masks name lengths they cannot apply to", "[ops]") {
+  REQUIRE(ops::AttnMask::full().check(7).empty());
+  REQUIRE(ops::AttnMask::block_causal(3).check(12).empty());
+  REQUIRE_THAT(ops::AttnMask::block_causal(5).check(12), Catch::Contains("block length 5"));
+  REQUIRE(ops::AttnMask::block_diffusion(2).check(12).empty());
+  REQUIRE_THAT(ops::AttnMask::block_diffusion(4).check(12), Catch::Contains("length 12"));
+  REQUIRE_FALSE(ops::AttnMask::block_diffusion(1).check(7).empty());
+  REQUIRE(ops::AttnMask::block_diffusion(2).position_period(12) == 6);
+  REQUIRE(ops::AttnMask::causal().position_period(12) == 0);
+}
+
+TEST_CASE("weighted cross entropy is the weighted sum of per-row losses", "[ops]") {
+  Tensor x = rand64({4, 5}, 22, 3.0);
+  Tensor t = Tensor::from_vector(std::vector<int32_t>{1, -100, 4, 0}, {4});
+  const std::vector<double> w{0.25, 9.0, 2.0, 1.5};
+  const auto ls = ops::log_softmax(x).to_double_vector();
+  const double expected = -(0.25 * ls[1] + 2.0 * ls[2 * 5 + 4] + 1.5 * ls[3 * 5]);
+  REQUIRE(ops::weighted_cross_entropy(x, t, w).item() == Approx(expected).epsilon(1e-12));
+  // Weights 1/count give the mean.
+  const std::vector<double> mean_w(4, 1.0 / 3.0);
+  REQUIRE(ops::weighted_cross_entropy(x, t, mean_w).item() ==
+          Approx(ops::cross_entropy(x, t).item()).epsilon(1e-12));
+}

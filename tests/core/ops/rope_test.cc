@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/ops/concat.h"
 #include "core/ops/ops.h"
 #include "tests/testing/gradcheck.h"
 
@@ -63,6 +64,19 @@ TEST_CASE("rope_packed rotates q and k like rope and copies v", "[ops][rope]") {
   REQUIRE(starling::max_abs_diff(out.slice(2, 0, C), ops::rope(q, H, 500.0)) == 0.0);
   REQUIRE(starling::max_abs_diff(out.slice(2, C, 2 * C), ops::rope(k, H, 500.0)) == 0.0);
   REQUIRE(starling::max_abs_diff(out.slice(2, 2 * C, 3 * C), qkv.slice(2, 2 * C, 3 * C)) == 0.0);
+}
+
+TEST_CASE("rope_packed with a period repeats positions", "[ops][rope]") {
+  // [a | a] along T with period T rotates both halves like a alone.
+  const int64_t B = 2, T = 5, H = 2, D = 4, C = H * D;
+  const Tensor a = rand64({B, T, 3 * C}, 15);
+  const Tensor twice = ops::cat({a, a}, 1);
+  const Tensor out = ops::rope_packed(twice, H, 500.0, T);
+  const Tensor ra = ops::rope_packed(a, H, 500.0);
+  REQUIRE(starling::max_abs_diff(out.slice(1, 0, T), ra) == 0.0);
+  REQUIRE(starling::max_abs_diff(out.slice(1, T, 2 * T), ra) == 0.0);
+  // Without the period the second half is rotated further.
+  REQUIRE(starling::max_abs_diff(ops::rope_packed(twice, H, 500.0).slice(1, T, 2 * T), ra) > 1e-3);
 }
 
 TEST_CASE("rotated q . k depends only on the distance between positions", "[ops][rope]") {
