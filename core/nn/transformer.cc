@@ -22,10 +22,18 @@ SelfAttention::SelfAttention(const TransformerShape& s, Rng& init, Rng& dropout_
       "c_proj", std::make_shared<Linear>(s.n_embd, s.n_embd, s.bias, init, residual_std(s)));
 }
 
-Tensor SelfAttention::forward(const Tensor& x) const {
+ops::AttnMask SelfAttention::default_mask() const {
+  return s_.causal ? ops::AttnMask::causal() : ops::AttnMask::full();
+}
+
+Tensor SelfAttention::forward(const Tensor& x) const { return forward(x, default_mask()); }
+
+Tensor SelfAttention::forward(const Tensor& x, const ops::AttnMask& mask) const {
   Tensor qkv = c_attn->forward(x);  // (B, T, 3C)
-  if (s_.rope) qkv = ops::rope_packed(qkv, s_.n_head, s_.rope_base);
-  const Tensor y = ops::attention_packed(qkv, s_.n_head, s_.causal);  // (B, T, C)
+  if (s_.rope) {
+    qkv = ops::rope_packed(qkv, s_.n_head, s_.rope_base, mask.position_period(x.shape()[1]));
+  }
+  const Tensor y = ops::attention_packed(qkv, s_.n_head, mask);  // (B, T, C)
   // Attention-probability dropout is folded into residual dropout here (nanoGPT applies both
   // with the same p; with p = 0 the two are identical).
   return ops::dropout(c_proj->forward(y), s_.dropout, training(), *rng_);
@@ -51,6 +59,11 @@ Block::Block(const TransformerShape& s, Rng& init, Rng& dropout_rng) {
 
 Tensor Block::forward(const Tensor& x) const {
   const Tensor h = ops::add(x, attn->forward(ln_1->forward(x)));
+  return ops::add(h, mlp->forward(ln_2->forward(h)));
+}
+
+Tensor Block::forward(const Tensor& x, const ops::AttnMask& mask) const {
+  const Tensor h = ops::add(x, attn->forward(ln_1->forward(x), mask));
   return ops::add(h, mlp->forward(ln_2->forward(h)));
 }
 

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "core/nn/layers.h"
+#include "core/ops/attention.h"
 
 namespace starling::nn {
 
@@ -25,12 +26,17 @@ struct TransformerShape {
 class SelfAttention : public Module {
  public:
   SelfAttention(const TransformerShape& s, Rng& init, Rng& dropout_rng);
+  // With the shape's own mask (causal or full).
   Tensor forward(const Tensor& x) const;
+  // With `mask` instead; RoPE positions follow mask.position_period (both halves of the
+  // block-diffusion layout get positions 0..T/2-1).
+  Tensor forward(const Tensor& x, const ops::AttnMask& mask) const;
 
   std::shared_ptr<Linear> c_attn;  // C -> 3C (q | k | v)
   std::shared_ptr<Linear> c_proj;  // C -> C
 
  private:
+  ops::AttnMask default_mask() const;
   TransformerShape s_;
   Rng* rng_;
 };
@@ -53,6 +59,7 @@ class Block : public Module {
  public:
   Block(const TransformerShape& s, Rng& init, Rng& dropout_rng);
   Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x, const ops::AttnMask& mask) const;  // attention with `mask`
 
   std::shared_ptr<LayerNorm> ln_1;
   std::shared_ptr<SelfAttention> attn;

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <string>
 
 #include "core/ops/ops.h"
@@ -67,12 +66,13 @@ GptTrunk::GptTrunk(const GptConfig& c, Rng& init, Rng& dropout_rng) {
   ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(c.n_embd, c.bias));
 }
 
-Tensor GptTrunk::embed(const Tensor& idx) const {
+Tensor GptTrunk::embed(const Tensor& idx, int64_t period) const {
   const Tensor tok = wte->forward(idx);
   if (!wpe) return tok;
   const int64_t T = idx.shape()[1];
   Tensor pos = Tensor::uninitialized({T}, DType::kI32);
-  std::iota(pos.data<int32_t>(), pos.data<int32_t>() + T, 0);
+  int32_t* pp = pos.data<int32_t>();
+  for (int64_t t = 0; t < T; ++t) pp[t] = static_cast<int32_t>(period > 0 ? t % period : t);
   return ops::add(tok, wpe->forward(pos));
 }
 

@@ -48,8 +48,9 @@ class BlockList : public nn::Module {
 class GptTrunk : public nn::Module {
  public:
   GptTrunk(const GptConfig& c, Rng& init, Rng& dropout_rng);
-  // wte(idx) (+ wpe(0..T-1) with learned positions): idx (B, T) i32 -> (B, T, C).
-  Tensor embed(const Tensor& idx) const;
+  // wte(idx) (+ wpe(0..T-1) with learned positions): idx (B, T) i32 -> (B, T, C). With
+  // period > 0 row t gets wpe(t % period) (the block-diffusion layout repeats its positions).
+  Tensor embed(const Tensor& idx, int64_t period = 0) const;
   std::shared_ptr<nn::Embedding> wte;
   std::shared_ptr<nn::Embedding> wpe;  // null when the config uses RoPE
   std::shared_ptr<BlockList> h;
