@@ -7,6 +7,7 @@
 #include <numeric>
 #include <string>
 
+#include "core/ops/internal/op_util.h"
 #include "core/ops/ops.h"
 #include "core/wire/config.pb.h"
 
@@ -63,6 +64,8 @@ MdlmConfig MdlmConfig::from_proto(const v1::RunConfig& c, int64_t tokenizer_voca
   m.eps = c.diffusion().eps();
   m.masking = c.diffusion().masking() == v1::DiffusionConfig::COUNT ? MaskSampling::kCount
                                                                     : MaskSampling::kBernoulli;
+  m.block_length = c.diffusion().block_length();
+  m.antithetic = c.diffusion().antithetic();
   return m;
 }
 
@@ -73,6 +76,19 @@ Status MdlmConfig::validate() const {
   if (masking == MaskSampling::kCount && noise != DiffusionNoise::kAbsorbing) {
     return invalid_argument(
         "diffusion.masking = \"count\" needs diffusion.noise = \"absorbing\" (it draws masks)");
+  }
+  if (block_length < 0 || (block_length > 0 && block_size % block_length != 0)) {
+    return invalid_argument(
+        "diffusion.block_length = " + std::to_string(block_length) +
+        " must be 0 or divide model.block_size = " + std::to_string(block_size));
+  }
+  if (antithetic && (masking != MaskSampling::kCount || noise != DiffusionNoise::kAbsorbing)) {
+    return invalid_argument(
+        "diffusion.antithetic = true needs diffusion.masking = \"count\" and absorbing noise");
+  }
+  if (block_diffusion() && noise != DiffusionNoise::kAbsorbing) {
+    return invalid_argument("diffusion.block_length = " + std::to_string(block_length) +
+                            " (block diffusion) needs diffusion.noise = \"absorbing\"");
   }
   return ok_status();
 }
@@ -98,23 +114,47 @@ Mdlm::Mdlm(const MdlmConfig& c, uint64_t seed) : config_(c), dropout_rng_(Rng(se
                                 std::make_shared<GptTrunk>(c.trunk_config(), init, dropout_rng_));
 }
 
-Tensor Mdlm::trunk_forward(const Tensor& xt) const {
-  Tensor x = transformer->embed(xt);
+Tensor Mdlm::trunk_forward(const Tensor& ids, const ops::AttnMask& mask) const {
+  Tensor x = transformer->embed(ids, mask.position_period(ids.shape()[1]));
   x = ops::dropout(x, config_.dropout, training(), const_cast<Rng&>(dropout_rng_));
-  for (const auto& block : transformer->h->blocks()) x = block->forward(x);
+  for (const auto& block : transformer->h->blocks()) x = block->forward(x, mask);
   x = transformer->ln_f->forward(x);
   return ops::linear(x, transformer->wte->weight);  // tied head
 }
 
-Tensor Mdlm::forward(const Tensor& xt) const {
-  Tensor raw = trunk_forward(xt);
+Tensor Mdlm::data_logits(const Tensor& raw) const {
   if (config_.noise == DiffusionNoise::kUniform) return raw;
   return ops::contiguous(ops::slice(raw, 2, 0, config_.vocab_size));
 }
 
-Tensor Mdlm::subs_logits(const Tensor& xt) const {
+Tensor Mdlm::forward(const Tensor& xt, const Tensor& x0) const {
+  if (!config_.block_diffusion()) return data_logits(trunk_forward(xt, ops::AttnMask::full()));
+  STARLING_OP_CHECK(x0.defined() && x0.shape() == xt.shape(), "mdlm",
+                    "block diffusion: forward needs the clean x0 of xt's shape");
+  // [xt | x0] along the sequence: 2T positions, the second half repeating the first's.
+  const int64_t b = xt.shape()[0], len = xt.shape()[1];
+  const Tensor xc = xt.contiguous(), x0c = x0.contiguous();
+  Tensor ids = Tensor::uninitialized({b, 2 * len}, DType::kI32);
+  int32_t* pi = ids.data<int32_t>();
+  for (int64_t i = 0; i < b; ++i) {
+    std::copy_n(xc.data<int32_t>() + i * len, len, pi + 2 * i * len);
+    std::copy_n(x0c.data<int32_t>() + i * len, len, pi + (2 * i + 1) * len);
+  }
+  const Tensor raw =
+      trunk_forward(ids, ops::AttnMask::block_diffusion(config_.block_tokens()));  // (B, 2T, V')
+  return data_logits(ops::slice(raw, 1, 0, len));
+}
+
+Tensor Mdlm::prefix_forward(const Tensor& x) const {
+  const ops::AttnMask mask = config_.block_diffusion()
+                                 ? ops::AttnMask::block_causal(config_.block_tokens())
+                                 : ops::AttnMask::full();
+  return data_logits(trunk_forward(x, mask));
+}
+
+Tensor Mdlm::subs_logits(const Tensor& xt, const Tensor& x0) const {
   autograd::NoGradGuard ng;
-  const Tensor logits = forward(xt);
+  const Tensor logits = forward(xt, x0);
   if (config_.noise == DiffusionNoise::kUniform) return logits;
   const int64_t n = xt.numel(), v = config_.vocab_size;
   const float kNegInf = -std::numeric_limits<float>::infinity();
@@ -134,22 +174,25 @@ Tensor Mdlm::subs_logits(const Tensor& xt) const {
   return out;
 }
 
-std::vector<double> Mdlm::sample_times(int64_t batch, Rng& rng) const {
-  std::vector<double> t(static_cast<size_t>(batch));
-  for (int64_t i = 0; i < batch; ++i) {
-    const double u = (static_cast<double>(i) + rng.uniform()) / static_cast<double>(batch);
+std::vector<double> Mdlm::sample_times(int64_t n, Rng& rng) const {
+  std::vector<double> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const double u = (static_cast<double>(i) + rng.uniform()) / static_cast<double>(n);
     t[i] = config_.eps + (1.0 - config_.eps) * u;
   }
   return t;
 }
 
 NoisedBatch Mdlm::corrupt(const Tensor& x0, std::span<const double> t, Rng& rng) const {
-  const int64_t b = x0.shape()[0], len = x0.shape()[1];
+  const int64_t b = x0.shape()[0], len = x0.shape()[1], nb = config_.num_blocks();
+  const int64_t bl = len / nb;
+  STARLING_OP_CHECK(static_cast<int64_t>(t.size()) == b * nb, "mdlm",
+                    "corrupt: one time per block");
   NoisedBatch out{x0.clone(), std::vector<double>(t.begin(), t.end())};
   int32_t* p = out.xt.data<int32_t>();
   for (int64_t i = 0; i < b; ++i) {
-    const double move = 1.0 - config_.alpha(t[i]);
     for (int64_t j = 0; j < len; ++j) {
+      const double move = 1.0 - config_.alpha(t[i * nb + j / bl]);
       if (rng.uniform() >= move) continue;
       p[i * len + j] =
           config_.noise == DiffusionNoise::kAbsorbing
@@ -161,22 +204,62 @@ NoisedBatch Mdlm::corrupt(const Tensor& x0, std::span<const double> t, Rng& rng)
 }
 
 NoisedBatch Mdlm::corrupt_count(const Tensor& x0, Rng& rng) const {
-  const int64_t b = x0.shape()[0], len = x0.shape()[1];
-  NoisedBatch out{x0.clone(), std::vector<double>(static_cast<size_t>(b))};
+  const int64_t units = x0.shape()[0] * config_.num_blocks();
+  std::vector<double> u(static_cast<size_t>(units));
+  for (int64_t i = 0; i < units; ++i) {
+    u[i] = (static_cast<double>(i) + rng.uniform()) / static_cast<double>(units);
+  }
+  return corrupt_count(x0, u, rng);
+}
+
+NoisedBatch Mdlm::corrupt_count(const Tensor& x0, std::span<const double> u, Rng& rng) const {
+  const int64_t b = x0.shape()[0], len = x0.shape()[1], nb = config_.num_blocks();
+  const int64_t bl = len / nb, units = b * nb;  // one unit = one diffusion block of bl tokens
+  STARLING_OP_CHECK(static_cast<int64_t>(u.size()) == units, "mdlm",
+                    "corrupt_count: one u per block");
+  NoisedBatch out{x0.clone(), std::vector<double>(static_cast<size_t>(units))};
   int32_t* p = out.xt.data<int32_t>();
-  std::vector<int64_t> perm(static_cast<size_t>(len));
-  for (int64_t i = 0; i < b; ++i) {
-    const double u = (static_cast<double>(i) + rng.uniform()) / static_cast<double>(b);
+  std::vector<int64_t> perm(static_cast<size_t>(bl));
+  for (int64_t i = 0; i < units; ++i) {
     const int64_t k =
-        std::min<int64_t>(len, 1 + static_cast<int64_t>(u * static_cast<double>(len)));
-    out.t[i] = static_cast<double>(k) / static_cast<double>(len);
-    // The first k entries of a partial Fisher-Yates shuffle: a uniform k-subset.
+        std::clamp<int64_t>(1 + static_cast<int64_t>(u[i] * static_cast<double>(bl)), 1, bl);
+    out.t[i] = static_cast<double>(k) / static_cast<double>(bl);
+    // The first k entries of a partial Fisher-Yates shuffle: a uniform k-subset of the block.
     std::iota(perm.begin(), perm.end(), 0);
+    int32_t* unit = p + (i / nb) * len + (i % nb) * bl;
     for (int64_t j = 0; j < k; ++j) {
-      const int64_t r = j + static_cast<int64_t>(rng.below(static_cast<uint64_t>(len - j)));
+      const int64_t r = j + static_cast<int64_t>(rng.below(static_cast<uint64_t>(bl - j)));
       std::swap(perm[j], perm[r]);
-      p[i * len + perm[j]] = mask_id();
+      unit[perm[j]] = mask_id();
     }
+  }
+  return out;
+}
+
+NoisedBatch Mdlm::antithetic_pair(const NoisedBatch& first, const Tensor& x0, Rng& rng) const {
+  const int64_t b = x0.shape()[0], len = x0.shape()[1], nb = config_.num_blocks();
+  const int64_t bl = len / nb, units = b * nb;
+  const Tensor x0c = x0.contiguous(), z1 = first.xt.contiguous();
+  const int32_t* px = x0c.data<int32_t>();
+  const int32_t* pz = z1.data<int32_t>();
+  NoisedBatch out{Tensor::uninitialized({2 * b, len}, DType::kI32), first.t};
+  int32_t* po = out.xt.data<int32_t>();
+  std::copy_n(pz, b * len, po);
+  int32_t* second = po + b * len;
+  std::vector<int64_t> masked;
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t base = (u / nb) * len + (u % nb) * bl;
+    masked.clear();
+    for (int64_t j = 0; j < bl; ++j) {
+      const bool m = pz[base + j] == mask_id();
+      if (m) masked.push_back(j);
+      second[base + j] = m ? px[base + j] : mask_id();
+    }
+    STARLING_OP_CHECK(!masked.empty(), "mdlm",
+                      "antithetic_pair: a block of the first mask is empty");
+    second[base + masked[rng.below(masked.size())]] = mask_id();
+    const auto k2 = static_cast<double>(bl + 1 - static_cast<int64_t>(masked.size()));
+    out.t.push_back(k2 / static_cast<double>(bl));
   }
   return out;
 }
@@ -184,9 +267,14 @@ NoisedBatch Mdlm::corrupt_count(const Tensor& x0, Rng& rng) const {
 Tensor Mdlm::loss(const Tensor& x0, Rng& rng) const {
   if (config_.masking == MaskSampling::kCount && config_.noise == DiffusionNoise::kAbsorbing) {
     const NoisedBatch nb = corrupt_count(x0, rng);
-    return loss(x0, nb.t, nb.xt);
+    if (!config_.antithetic) return loss(x0, nb.t, nb.xt);
+    const NoisedBatch pair = antithetic_pair(nb, x0, rng);
+    const Tensor x0c = x0.contiguous();
+    std::vector<int32_t> twice(x0c.data<int32_t>(), x0c.data<int32_t>() + x0c.numel());
+    twice.insert(twice.end(), twice.begin(), twice.end());
+    return loss(Tensor::from_vector(twice, pair.xt.shape()), pair.t, pair.xt);
   }
-  const auto t = sample_times(x0.shape()[0], rng);
+  const auto t = sample_times(x0.shape()[0] * config_.num_blocks(), rng);
   const NoisedBatch nb = corrupt(x0, t, rng);
   return loss(x0, nb.t, nb.xt);
 }
@@ -197,28 +285,20 @@ Tensor Mdlm::loss(const Tensor& x0, std::span<const double> t, const Tensor& xt)
   const Tensor x0c = x0.contiguous(), xtc = xt.contiguous();
   const int32_t* px = x0c.data<int32_t>();
   const int32_t* pz = xtc.data<int32_t>();
-  const Tensor logits = ops::reshape(forward(xt), {b * len, v});
+  const int64_t nb = config_.num_blocks(), bl = len / nb;
+  STARLING_OP_CHECK(static_cast<int64_t>(t.size()) == b * nb, "mdlm", "loss: one time per block");
+  const Tensor logits = ops::reshape(forward(xt, x0), {b * len, v});
 
   if (config_.noise == DiffusionNoise::kAbsorbing) {
-    // Per sequence: (1/t) * (number masked) * mean CE over its masked positions.
+    // Each masked position: -log p(x0 | xt) weighted by 1/t of its block, over B * T.
     std::vector<int32_t> targets(static_cast<size_t>(b * len), -100);
-    Tensor total = Tensor::zeros({}, logits.dtype());
-    for (int64_t i = 0; i < b; ++i) {
-      int64_t masked = 0;
-      for (int64_t j = 0; j < len; ++j) {
-        const int64_t k = i * len + j;
-        if (pz[k] == mask_id()) {
-          targets[k] = px[k];
-          ++masked;
-        }
-      }
-      if (masked == 0) continue;
-      const Tensor tg = Tensor::from_vector(targets, {b * len}).slice(0, i * len, (i + 1) * len);
-      const Tensor ce = ops::cross_entropy(ops::slice(logits, 0, i * len, (i + 1) * len), tg);
-      total = ops::add(total, ops::mul_scalar(ce, static_cast<double>(masked) / t[i] * norm));
-      std::fill(targets.begin() + i * len, targets.begin() + (i + 1) * len, -100);
+    std::vector<double> weights(static_cast<size_t>(b * len), 0.0);
+    for (int64_t k = 0; k < b * len; ++k) {
+      if (pz[k] != mask_id()) continue;
+      targets[k] = px[k];
+      weights[k] = norm / t[(k / len) * nb + (k % len) / bl];
     }
-    return total;
+    return ops::weighted_cross_entropy(logits, Tensor::from_vector(targets, {b * len}), weights);
   }
 
   // Uniform noise. Per position (x = x0, z = xt, N = V, xb_th = N alpha p + (1 - alpha)):
@@ -292,6 +372,7 @@ std::vector<int32_t> Mdlm::sample(int64_t num, int64_t steps, double temperature
   const bool was_training = training();
   train(false);
   const int64_t len = config_.block_size, v = config_.vocab_size, total = num * len;
+  const int64_t nb = config_.num_blocks(), bl = len / nb;
   const bool absorbing = config_.noise == DiffusionNoise::kAbsorbing;
   steps = std::max<int64_t>(steps, 1);
   std::vector<int32_t> x(static_cast<size_t>(total), mask_id());
@@ -299,42 +380,55 @@ std::vector<int32_t> Mdlm::sample(int64_t num, int64_t steps, double temperature
     for (auto& tok : x) tok = static_cast<int32_t>(rng.below(static_cast<uint64_t>(v)));
   }
   SampleStats st;
-  Tensor logits;
-  bool changed = true;
   std::vector<double> p, w(static_cast<size_t>(v));
-  for (int64_t k = 0; k < steps; ++k) {
-    const double t = 1.0 - static_cast<double>(k) / static_cast<double>(steps);
-    const double s = 1.0 - static_cast<double>(k + 1) / static_cast<double>(steps);
-    const double at = config_.alpha(t), as = config_.alpha(s);
-    if (!logits.defined() || changed || !cached) {
-      logits = forward(Tensor::from_vector(x, {num, len}));
-      ++st.network_calls;
-    } else {
-      ++st.cached_steps;
-    }
-    ++st.steps;
-    changed = false;
-    const float* pl = logits.data<float>();
-    for (int64_t i = 0; i < total; ++i) {
-      if (absorbing) {
-        // A masked token is revealed with probability (alpha_s - alpha_t) / (1 - alpha_t),
-        // to a token drawn from p(x0 | xt); revealed tokens stay.
-        if (x[i] != mask_id()) continue;
-        if (rng.uniform() >= (as - at) / (1.0 - at)) continue;
-        softmax_row(pl + i * v, v, temperature, p);
-        x[i] = draw(p, rng);
-        changed = true;
-      } else {
-        // q(z_s = y | z_t = z, x_theta) ∝ (a_ts [y == z] + (1 - a_ts)/N) (alpha_s p[y] + (1 -
-        // alpha_s)/N).
-        softmax_row(pl + i * v, v, temperature, p);
-        const double ats = at / as, n = static_cast<double>(v);
-        for (int64_t y = 0; y < v; ++y) {
-          w[y] = ((y == x[i] ? ats : 0.0) + (1.0 - ats) / n) * (as * p[y] + (1.0 - as) / n);
+  // Blocks left to right (one block of T for MDLM); the network sees the drawn blocks and the
+  // current one: positions [0, hi).
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const int64_t lo = blk * bl, hi = lo + bl;
+    Tensor logits;  // (num, hi, V)
+    bool changed = true;
+    for (int64_t k = 0; k < steps; ++k) {
+      const double t = 1.0 - static_cast<double>(k) / static_cast<double>(steps);
+      const double s = 1.0 - static_cast<double>(k + 1) / static_cast<double>(steps);
+      const double at = config_.alpha(t), as = config_.alpha(s);
+      if (!logits.defined() || changed || !cached) {
+        std::vector<int32_t> prefix(static_cast<size_t>(num * hi));
+        for (int64_t i = 0; i < num; ++i) {
+          std::copy_n(x.begin() + i * len, hi, prefix.begin() + i * hi);
         }
-        const int32_t y = draw(w, rng);
-        changed = changed || y != x[i];
-        x[i] = y;
+        logits = prefix_forward(Tensor::from_vector(prefix, {num, hi})).contiguous();
+        ++st.network_calls;
+      } else {
+        ++st.cached_steps;
+      }
+      ++st.steps;
+      changed = false;
+      const float* pl = logits.data<float>();
+      for (int64_t i = 0; i < num; ++i) {
+        for (int64_t j = lo; j < hi; ++j) {
+          int32_t& tok = x[static_cast<size_t>(i * len + j)];
+          const float* row = pl + (i * hi + j) * v;
+          if (absorbing) {
+            // A masked token is revealed with probability (alpha_s - alpha_t) / (1 - alpha_t),
+            // to a token drawn from p(x0 | xt); revealed tokens stay.
+            if (tok != mask_id()) continue;
+            if (rng.uniform() >= (as - at) / (1.0 - at)) continue;
+            softmax_row(row, v, temperature, p);
+            tok = draw(p, rng);
+            changed = true;
+          } else {
+            // q(z_s = y | z_t = z, x_theta) ∝ (a_ts [y == z] + (1 - a_ts)/N) (alpha_s p[y] +
+            // (1 - alpha_s)/N).
+            softmax_row(row, v, temperature, p);
+            const double ats = at / as, n = static_cast<double>(v);
+            for (int64_t y = 0; y < v; ++y) {
+              w[y] = ((y == tok ? ats : 0.0) + (1.0 - ats) / n) * (as * p[y] + (1.0 - as) / n);
+            }
+            const int32_t y = draw(w, rng);
+            changed = changed || y != tok;
+            tok = y;
+          }
+        }
       }
     }
   }

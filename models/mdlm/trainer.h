@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -16,15 +17,26 @@
 namespace starling::models {
 
 // Deterministic NELBO estimate in nats per token over `num_seqs` windows of block_size tokens
-// evenly spaced over `tokens`, with one time per window from the stratified grid
-// eps + (1 - eps)(k + 1/2)/num_seqs (assigned by a permutation drawn from `seed`) and the
-// corruption drawn from `seed`, run `batch` windows at a time in eval mode. The same arguments
-// give the same value, so evaluations of different runs compare.
+// evenly spaced over `tokens`, with one time per diffusion block (per window for MDLM) from the
+// stratified grid eps + (1 - eps)(k + 1/2)/n, n = num_seqs * num_blocks (assigned by a
+// permutation drawn from `seed`), and the corruption drawn from `seed`, run `batch` windows at a
+// time in eval mode. With count masking the grid gives each block's masked count instead
+// (k = 1 + floor(L (k' + 1/2)/n), Mdlm::corrupt_count). The same arguments give the same value,
+// so evaluations of different runs compare.
 // With `denoise_accuracy`, also stores the fraction of corrupted positions (x_t != x_0) whose
 // argmax prediction is x_0 (one more forward pass per batch; 0 when nothing was corrupted).
 // REQUIRES: tokens.size() >= block_size, num_seqs > 0, batch > 0.
+// `masking` overrides the model's estimator (absorbing noise only).
 double mdlm_eval_nelbo(Mdlm& model, std::span<const int32_t> tokens, int64_t num_seqs,
-                       int64_t batch, uint64_t seed, double* denoise_accuracy = nullptr);
+                       int64_t batch, uint64_t seed, double* denoise_accuracy = nullptr,
+                       std::optional<MaskSampling> masking = std::nullopt);
+
+// The whole-split NELBO of `starling eval` and of the end of training: every non-overlapping
+// window of block_size tokens (num_seqs = tokens / block_size), the fixed evaluation seed unless
+// `seed` is given.
+double mdlm_eval_full(Mdlm& model, std::span<const int32_t> tokens, int64_t batch,
+                      std::optional<uint64_t> seed = std::nullopt,
+                      std::optional<MaskSampling> masking = std::nullopt);
 
 // Trains the MDLM described by `config` (model.arch = MDLM; read from `config_source`, named in
 // errors). Writes <out_dir>/ckpt.safetensors (last), best.safetensors (lowest val NELBO),

@@ -471,3 +471,276 @@ TEST_CASE("count and bernoulli masking estimate the same NELBO", "[mdlm]") {
   REQUIRE(std::fabs(mb - mc) < 4.0 * std::sqrt(vb + vc));
   REQUIRE(vc * 20 < vb * 200 / 100);  // per batch: 100x lower variance, the point of counting
 }
+
+// Block diffusion (BD3-LM): blocks of L' tokens, each a masked diffusion given the clean blocks
+// before it.
+namespace {
+models::MdlmConfig tiny_blocks(int64_t block_length, bool rope) {
+  models::MdlmConfig c = tiny();
+  c.block_length = block_length;
+  c.rope = rope;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("block diffusion: a noisy block sees itself and the clean blocks before it only",
+          "[mdlm][bd3]") {
+  const bool rope = GENERATE(false, true);
+  models::Mdlm m(tiny_blocks(2, rope), 80);  // T = 8: 4 blocks of 2
+  REQUIRE(m.config().block_diffusion());
+  REQUIRE(m.config().num_blocks() == 4);
+  m.train(false);
+  const Tensor x0 = Tensor::from_vector(random_ids(kT, kV, 81), {1, kT});
+  Tensor xt = x0.clone();
+  for (int64_t j : {0, 3, 4, 5, 7}) xt.data<int32_t>()[j] = m.mask_id();
+  const Tensor base = m.forward(xt, x0);
+  REQUIRE(base.shape() == starling::Shape{1, kT, kV});
+  auto block_diff = [&](const Tensor& a, int64_t blk) {
+    return starling::max_abs_diff(a.slice(1, 2 * blk, 2 * blk + 2),
+                                  base.slice(1, 2 * blk, 2 * blk + 2));
+  };
+  // Changing clean block 2 (positions 4, 5) moves the logits of noisy block 3 only.
+  Tensor x0b = x0.clone();
+  x0b.data<int32_t>()[4] = (x0b.data<int32_t>()[4] + 1) % kV;
+  x0b.data<int32_t>()[5] = (x0b.data<int32_t>()[5] + 1) % kV;
+  const Tensor c1 = m.forward(xt, x0b);
+  for (int64_t blk = 0; blk < 3; ++blk) REQUIRE(block_diff(c1, blk) == 0.0);
+  REQUIRE(block_diff(c1, 3) > 1e-6);
+  // Changing a noisy token of block 1 (position 2) moves block 1's logits only.
+  Tensor xtb = xt.clone();
+  xtb.data<int32_t>()[2] = m.mask_id();
+  const Tensor c2 = m.forward(xtb, x0);
+  REQUIRE(block_diff(c2, 0) == 0.0);
+  REQUIRE(block_diff(c2, 1) > 1e-6);
+  REQUIRE(block_diff(c2, 2) == 0.0);
+  REQUIRE(block_diff(c2, 3) == 0.0);
+}
+
+TEST_CASE("block diffusion: training logits equal the sampler's prefix logits", "[mdlm][bd3]") {
+  const bool rope = GENERATE(false, true);
+  models::Mdlm m(tiny_blocks(2, rope), 82);
+  m.train(false);
+  const int64_t b = 3;
+  const Tensor x0 = Tensor::from_vector(random_ids(b * kT, kV, 83), {b, kT});
+  Rng rng(84);
+  const auto noised = m.corrupt(x0, m.sample_times(b * 4, rng), rng);
+  const Tensor train_logits = m.forward(noised.xt, x0);
+  // Block k of the sampler's layout: x0's blocks before k, then x_t's block k.
+  for (int64_t blk = 0; blk < 4; ++blk) {
+    const int64_t hi = 2 * (blk + 1);
+    std::vector<int32_t> prefix(static_cast<size_t>(b * hi));
+    for (int64_t i = 0; i < b; ++i) {
+      for (int64_t j = 0; j < hi; ++j) {
+        const Tensor& src = j < 2 * blk ? x0 : noised.xt;
+        prefix[static_cast<size_t>(i * hi + j)] = src.data<int32_t>()[i * kT + j];
+      }
+    }
+    const Tensor pl = m.prefix_forward(Tensor::from_vector(prefix, {b, hi}));
+    INFO("block " << blk);
+    REQUIRE(starling::max_abs_diff(pl.slice(1, hi - 2, hi), train_logits.slice(1, hi - 2, hi)) <
+            1e-5);
+  }
+}
+
+TEST_CASE("block diffusion with blocks of one token is an autoregressive model", "[mdlm][bd3]") {
+  // Count masking masks the one token of every block (k = 1, t = 1): the loss is the mean
+  // next-token cross-entropy given the clean prefix, whatever the random draws.
+  models::MdlmConfig c = tiny_blocks(1, true);
+  c.masking = models::MaskSampling::kCount;
+  models::Mdlm m(c, 85);
+  m.train(false);
+  const int64_t b = 2;
+  const Tensor x0 = Tensor::from_vector(random_ids(b * kT, kV, 86), {b, kT});
+  Rng r1(1), r2(2);
+  const double l1 = m.loss(x0, r1).item(), l2 = m.loss(x0, r2).item();
+  REQUIRE(l1 == Approx(l2).epsilon(1e-6));
+  double expected = 0.0;
+  for (int64_t j = 0; j < kT; ++j) {
+    std::vector<int32_t> prefix(static_cast<size_t>(b * (j + 1)));
+    for (int64_t i = 0; i < b; ++i) {
+      for (int64_t p = 0; p < j; ++p) prefix[i * (j + 1) + p] = x0.data<int32_t>()[i * kT + p];
+      prefix[i * (j + 1) + j] = m.mask_id();
+    }
+    const Tensor pl = m.prefix_forward(Tensor::from_vector(prefix, {b, j + 1})).contiguous();
+    for (int64_t i = 0; i < b; ++i) {
+      const auto ls = log_softmax_row(pl.data<float>() + (i * (j + 1) + j) * kV, kV);
+      expected -= ls[static_cast<size_t>(x0.data<int32_t>()[i * kT + j])] / (b * kT);
+    }
+  }
+  REQUIRE(l1 == Approx(expected).epsilon(1e-5));
+}
+
+TEST_CASE("block diffusion corruption: one time per block, count masking per block",
+          "[mdlm][bd3]") {
+  models::MdlmConfig c = tiny_blocks(4, false);  // 2 blocks of 4
+  models::Mdlm m(c, 87);
+  const int64_t b = 50;
+  const Tensor x0 = Tensor::from_vector(random_ids(b * kT, kV, 88), {b, kT});
+  // Bernoulli: block 0 at t = 1 (all masked, up to eps), block 1 at t ~ 0 (none masked).
+  std::vector<double> t;
+  for (int64_t i = 0; i < b; ++i) t.insert(t.end(), {1.0, 1e-9});
+  Rng rng(89);
+  const auto nb = m.corrupt(x0, t, rng);
+  int64_t masked0 = 0, masked1 = 0;
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j < kT; ++j) {
+      const bool masked = nb.xt.data<int32_t>()[i * kT + j] == m.mask_id();
+      (j < 4 ? masked0 : masked1) += masked ? 1 : 0;
+    }
+  }
+  REQUIRE(masked0 >= b * 4 - 2);
+  REQUIRE(masked1 == 0);
+  // Count: every block has k in [1, 4] masked tokens and t = k / 4.
+  c.masking = models::MaskSampling::kCount;
+  models::Mdlm mc(c, 87);
+  const auto cb = mc.corrupt_count(x0, rng);
+  REQUIRE(cb.t.size() == static_cast<size_t>(2 * b));
+  for (int64_t u = 0; u < 2 * b; ++u) {
+    int64_t k = 0;
+    for (int64_t j = 0; j < 4; ++j) {
+      k += cb.xt.data<int32_t>()[(u / 2) * kT + (u % 2) * 4 + j] == mc.mask_id() ? 1 : 0;
+    }
+    REQUIRE(k >= 1);
+    REQUIRE(cb.t[u] == static_cast<double>(k) / 4.0);
+  }
+}
+
+TEST_CASE("block diffusion: configuration errors name diffusion.block_length", "[mdlm][bd3]") {
+  models::MdlmConfig c = tiny_blocks(3, false);  // does not divide T = 8
+  REQUIRE_THAT(c.validate().message(), Catch::Contains("diffusion.block_length"));
+  c.block_length = -1;
+  REQUIRE_THAT(c.validate().message(), Catch::Contains("diffusion.block_length"));
+  c = tiny_blocks(2, false);
+  c.noise = models::DiffusionNoise::kUniform;
+  REQUIRE_THAT(c.validate().message(), Catch::Contains("absorbing"));
+  // block_length = T is plain MDLM.
+  c = tiny_blocks(kT, false);
+  REQUIRE(c.validate().ok());
+  REQUIRE_FALSE(c.block_diffusion());
+  REQUIRE(c.num_blocks() == 1);
+}
+
+TEST_CASE("block diffusion overfits one batch and samples block by block", "[mdlm][bd3]") {
+  models::Mdlm m(tiny_blocks(2, true), 90);
+  const Tensor x0 = Tensor::from_vector(random_ids(2 * kT, kV, 91), {2, kT});
+  Rng eval_rng(92);
+  const std::vector<double> te{0.3, 0.7, 0.5, 0.9, 0.2, 0.6, 0.8, 0.4};
+  const auto nb = m.corrupt(x0, te, eval_rng);
+  const double first = m.loss(x0, te, nb.xt).item();
+  starling::optim::AdamW opt(starling::optim::decay_matrices_only(m.parameters()),
+                             {0.9, 0.99, 1e-8, 0.0});
+  Rng rng(93);
+  for (int i = 0; i < 300; ++i) {
+    Tensor loss = m.loss(x0, rng);
+    starling::autograd::backward(loss);
+    opt.step(3e-3);
+    opt.zero_grad();
+  }
+  const double last = m.loss(x0, te, nb.xt).item();
+  INFO("first " << first << " last " << last);
+  // A fully masked first block cannot tell the two memorized sequences apart (it sees no clean
+  // context), so the floor is above the plain MDLM's.
+  REQUIRE(last < 0.2 * first);
+
+  const int64_t steps = 8;
+  Rng r1(94), r2(94);
+  models::SampleStats s1, s2;
+  const auto a = m.sample(3, steps, 1.0, false, r1, &s1);
+  const auto b = m.sample(3, steps, 1.0, true, r2, &s2);
+  REQUIRE(a.size() == static_cast<size_t>(3 * kT));
+  for (int32_t id : a) REQUIRE((id >= 0 && id < kV));
+  REQUIRE(a == b);
+  REQUIRE(s1.network_calls == 4 * steps);  // 4 blocks, `steps` each
+  REQUIRE(s2.network_calls + s2.cached_steps == 4 * steps);
+  REQUIRE(s2.network_calls < s1.network_calls);
+  REQUIRE(m.training());
+}
+
+TEST_CASE("block diffusion checkpoints keep the block length; evaluation is deterministic",
+          "[mdlm][bd3]") {
+  starling::v1::RunConfig cfg;
+  cfg.mutable_model()->set_arch(starling::v1::ModelConfig::MDLM);
+  cfg.mutable_model()->set_block_size(kT);
+  cfg.mutable_model()->set_n_layer(2);
+  cfg.mutable_model()->set_n_head(2);
+  cfg.mutable_model()->set_n_embd(16);
+  cfg.mutable_model()->set_causal(false);
+  cfg.mutable_model()->set_pos_encoding(starling::v1::ModelConfig::ROPE);
+  cfg.mutable_diffusion()->set_block_length(4);
+  cfg.mutable_diffusion()->set_sampling_steps(4);
+  auto tok = starling::data::CharTokenizer::from_corpus("hello world\n");
+  REQUIRE(tok.ok());
+  const auto mc = models::MdlmConfig::from_proto(cfg, tok->vocab_size());
+  REQUIRE(mc.block_length == 4);
+  models::Mdlm m(mc, 95);
+  const auto path = temp_path("bd3.safetensors");
+  REQUIRE(models::save_mdlm_checkpoint(path, m, cfg, *tok, {1, 2.0, 2.1}).ok());
+  auto loaded = models::load_mdlm_checkpoint(path);
+  REQUIRE(loaded.ok());
+  REQUIRE(loaded->model->config().block_length == 4);
+  Rng r1(5), r2(5);
+  REQUIRE(m.sample(2, 4, 0.8, true, r1) == loaded->model->sample(2, 4, 0.8, true, r2));
+  const auto tokens = random_ids(200, tok->vocab_size(), 96);
+  const double a = models::mdlm_eval_nelbo(m, tokens, 10, 4, 99);
+  REQUIRE(a == models::mdlm_eval_nelbo(*loaded->model, tokens, 10, 4, 99));
+  REQUIRE(a > 0.0);
+}
+
+TEST_CASE("antithetic masks: complement plus one per block, the same NELBO in expectation",
+          "[mdlm]") {
+  const int64_t block_length = GENERATE(0, 2);
+  models::MdlmConfig c = tiny_blocks(block_length, false);
+  c.masking = models::MaskSampling::kCount;
+  c.eps = 1e-4;
+  models::Mdlm plain(c, 100);
+  c.antithetic = true;
+  REQUIRE(c.validate().ok());
+  models::Mdlm anti(c, 100);
+  const int64_t b = 16, nb = anti.config().num_blocks(), bl = kT / nb;
+  const Tensor x0 = Tensor::from_vector(random_ids(b * kT, kV, 101), {b, kT});
+  Rng rng(102);
+  const auto first = anti.corrupt_count(x0, rng);
+  const auto pair = anti.antithetic_pair(first, x0, rng);
+  REQUIRE(pair.xt.shape() == starling::Shape{2 * b, kT});
+  REQUIRE(pair.t.size() == static_cast<size_t>(2 * b * nb));
+  const int32_t* z = pair.xt.data<int32_t>();
+  const int32_t* x = x0.data<int32_t>();
+  for (int64_t u = 0; u < b * nb; ++u) {
+    const int64_t base = (u / nb) * kT + (u % nb) * bl;
+    int64_t k1 = 0, k2 = 0, both = 0;
+    for (int64_t j = 0; j < bl; ++j) {
+      const bool m1 = z[base + j] == anti.mask_id(), m2 = z[b * kT + base + j] == anti.mask_id();
+      k1 += m1;
+      k2 += m2;
+      both += m1 && m2;
+      if (!m2) REQUIRE(z[b * kT + base + j] == x[base + j]);
+      REQUIRE((m1 || m2));  // every token is a target in one of the two
+    }
+    REQUIRE(both == 1);
+    REQUIRE(k2 == bl + 1 - k1);
+    REQUIRE(pair.t[b * nb + u] == static_cast<double>(k2) / static_cast<double>(bl));
+  }
+  // Monte Carlo: the antithetic loss estimates the count estimator's NELBO.
+  plain.train(false);
+  anti.train(false);
+  starling::autograd::NoGradGuard ng;
+  auto mean = [&](const models::Mdlm& m, int64_t draws, uint64_t seed) {
+    Rng r(seed);
+    double s = 0.0, s2 = 0.0;
+    for (int64_t d = 0; d < draws; ++d) {
+      const double l = m.loss(x0, r).item();
+      s += l;
+      s2 += l * l;
+    }
+    const double mu = s / draws;
+    return std::pair<double, double>{mu, (s2 / draws - mu * mu) / draws};
+  };
+  const auto [mp, vp] = mean(plain, 60, 103);
+  const auto [ma, va] = mean(anti, 30, 104);
+  INFO("count " << mp << " (" << vp << "), antithetic " << ma << " (" << va << ")");
+  REQUIRE(std::fabs(mp - ma) < 4.0 * std::sqrt(vp + va) + 1e-6);
+
+  models::MdlmConfig bad = tiny();
+  bad.antithetic = true;  // bernoulli masking
+  REQUIRE_THAT(bad.validate().message(), Catch::Contains("diffusion.antithetic"));
+}

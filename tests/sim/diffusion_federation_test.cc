@@ -264,6 +264,26 @@ TEST_CASE("federated GPT and MDLM train with rotary positions (model.pos_encodin
   CHECK_THAT(bad.status().message(), Contains("model.pos_encoding"));
 }
 
+TEST_CASE("federated block diffusion (model.diffusion.block_length)", "[sim]") {
+  if (!have_data("tinyshakespeare/input.txt")) return;
+  auto cfg = parse(kMdlm);
+  cfg.mutable_model()->mutable_diffusion()->set_block_length(4);
+  cfg.mutable_model()->mutable_diffusion()->set_masking(v1::DiffusionConfig::COUNT);
+  check_one_round_is_weighted_average(cfg, "mdlm_bd3");
+  auto task = SimTask::create(cfg, "mdlm_bd3.toml");
+  REQUIRE(task.ok());
+  const auto loaded = saved_and_loaded(**task, "mdlm_bd3", 1, load_mdlm);
+  CHECK(loaded.model->config().block_length == 4);
+  CHECK(loaded.model->config().num_blocks() == 4);
+  CHECK((*task)->evaluate((*task)->initial_model()).loss > 0);
+
+  auto odd = cfg;
+  odd.mutable_model()->mutable_diffusion()->set_block_length(5);  // does not divide 16
+  auto bad = SimTask::create(odd, "odd.toml");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Contains("diffusion.block_length"));
+}
+
 TEST_CASE("a federated DDPM round is the weighted average of its clients' updates", "[sim]") {
   if (!have_data("mnist/train-images-idx3-ubyte.gz")) return;
   auto cfg = parse(kDdpm);
