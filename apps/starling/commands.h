@@ -18,6 +18,7 @@ void fail(CommandContext& ctx, const std::string& message);
 
 void register_train(CLI::App& app, CommandContext& ctx);       // starling train
 void register_sample(CLI::App& app, CommandContext& ctx);      // starling sample
+void register_eval(CLI::App& app, CommandContext& ctx);        // starling eval
 void register_certs(CLI::App& app, CommandContext& ctx);       // starling certs ...
 void register_info(CLI::App& app, CommandContext& ctx);        // starling info
 void register_data(CLI::App& app, CommandContext& ctx);        // starling data ...

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
     });
     starling::apps::register_train(app, ctx);
     starling::apps::register_sample(app, ctx);
+    starling::apps::register_eval(app, ctx);
     starling::apps::register_info(app, ctx);
     starling::apps::register_data(app, ctx);
     starling::apps::register_certs(app, ctx);

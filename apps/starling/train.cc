@@ -28,6 +28,7 @@
 #include "models/gpt/fused_trainer.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/trainer.h"
+#include "models/mdlm/checkpoint.h"
 #include "models/mdlm/trainer.h"
 
 namespace starling::apps {
@@ -461,6 +462,111 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
     auto text = loaded->tokenizer->decode(out);
     if (!text.ok()) return fail(ctx, text.status().message());
     std::cout << *text << std::endl;
+  });
+}
+
+void register_eval(CLI::App& app, CommandContext& ctx) {
+  auto* cmd = app.add_subcommand(
+      "eval", "Loss of a GPT or MDLM checkpoint over a whole split of its training data");
+  struct Opts {
+    std::string checkpoint;
+    std::string config;
+    std::string split = "val";
+    int64_t batch = 0;
+    std::optional<uint64_t> seed;
+    std::optional<std::string> masking;
+    std::string data_dir;
+  };
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("checkpoint,--checkpoint", o->checkpoint,
+                  "safetensors checkpoint (default: <train.out_dir>/ckpt.safetensors of --config)");
+  cmd->add_option("-c,--config", o->config, "The training config, to find its checkpoint");
+  cmd->add_option("--split", o->split, "val or train")->check(CLI::IsMember({"val", "train"}));
+  cmd->add_option("--batch", o->batch, "Windows per forward pass (0: train.batch_size)");
+  cmd->add_option("--seed", o->seed, "MDLM: seed of the times and masks (default: the fixed one)");
+  cmd->add_option("--masking", o->masking,
+                  "MDLM: bound estimator, bernoulli or count (default: [diffusion].masking)")
+      ->check(CLI::IsMember({"bernoulli", "count"}));
+  cmd->add_option("--data-dir", o->data_dir, "Data directory (default: the checkpoint config's)");
+  cmd->callback([&ctx, o]() {
+    std::string ckpt = o->checkpoint;
+    if (ckpt.empty() && !o->config.empty()) {
+      auto cfg = config::load_run_config(o->config);
+      if (!cfg.ok()) return fail(ctx, cfg.status().message());
+      ckpt = (std::filesystem::path(cfg->train().out_dir()) / "ckpt.safetensors").string();
+    }
+    if (ckpt.empty()) return fail(ctx, "eval: give a checkpoint or --config");
+    auto file = io::load_safetensors(ckpt);
+    if (!file.ok()) return fail(ctx, file.status().message());
+    const auto fmt = file->metadata.find("format");
+    const bool mdlm = fmt != file->metadata.end() && fmt->second == "starling.mdlm.v1";
+    if (fmt != file->metadata.end() && models::is_ddpm_format(fmt->second)) {
+      return fail(ctx, ckpt +
+                           ": eval reads GPT and MDLM checkpoints; for a DDPM use `starling "
+                           "sample --classify`");
+    }
+    // The checkpoint's own config names the data; its tokenizer must be the one rebuilt here.
+    auto with_data = [&](v1::RunConfig cfg,
+                         const data::Tokenizer& tok) -> Result<models::TextData> {
+      if (!o->data_dir.empty()) cfg.mutable_data()->set_data_dir(o->data_dir);
+      ASSIGN_OR_RETURN(models::TextData text, models::load_text_data(cfg, ckpt));
+      if (text.tokenizer->vocab_size() != tok.vocab_size()) {
+        return failed_precondition(
+            ckpt + ": the data's tokenizer has " + std::to_string(text.tokenizer->vocab_size()) +
+            " tokens, the checkpoint's " + std::to_string(tok.vocab_size()) + " (another corpus?)");
+      }
+      return text;
+    };
+    const auto split = o->split == "train" ? data::Split::kTrain : data::Split::kVal;
+    constexpr double kLn2 = 0.69314718055994530942;
+    if (mdlm) {
+      auto loaded = models::load_mdlm_checkpoint(ckpt, o->data_dir);
+      if (!loaded.ok()) return fail(ctx, loaded.status().message());
+      auto text = with_data(loaded->config, *loaded->tokenizer);
+      if (!text.ok()) return fail(ctx, text.status().message());
+      const int64_t len = loaded->model->config().block_size;
+      const auto tokens = text->dataset.tokens(split);
+      if (static_cast<int64_t>(tokens.size()) < len) {
+        return fail(ctx, ckpt + ": the " + o->split + " split is shorter than block_size");
+      }
+      std::optional<models::MaskSampling> masking;
+      if (o->masking) {
+        masking = *o->masking == "count" ? models::MaskSampling::kCount
+                                         : models::MaskSampling::kBernoulli;
+      }
+      const models::MaskSampling used = masking.value_or(loaded->model->config().masking);
+      const int64_t b = o->batch > 0 ? o->batch : loaded->config.train().batch_size();
+      const double nelbo = models::mdlm_eval_full(*loaded->model, tokens, b, o->seed, masking);
+      std::printf(
+          "%s: %lld windows of %lld tokens, %.4f nats/token, %.4f bits/token (NELBO bound, %s "
+          "estimator)\n",
+          o->split.c_str(), static_cast<long long>(static_cast<int64_t>(tokens.size()) / len),
+          static_cast<long long>(len), nelbo, nelbo / kLn2,
+          used == models::MaskSampling::kCount ? "count" : "bernoulli");
+      return;
+    }
+    auto loaded = models::load_gpt_checkpoint(ckpt, o->data_dir);
+    if (!loaded.ok()) return fail(ctx, loaded.status().message());
+    auto text = with_data(loaded->config, *loaded->tokenizer);
+    if (!text.ok()) return fail(ctx, text.status().message());
+    const int64_t len = loaded->model->config().block_size;
+    const int64_t b = o->batch > 0 ? o->batch : loaded->config.train().batch_size();
+    models::Gpt& model = *loaded->model;
+    model.train(false);
+    autograd::NoGradGuard ng;
+    auto full = models::full_split_loss(text->dataset.tokens(split), b, len,
+                                        [&](const data::Batch& batch) -> Result<double> {
+                                          return model.loss(batch.x, batch.y).item();
+                                        });
+    if (!full.ok()) return fail(ctx, full.status().message());
+    if (full->second == 0) {
+      return fail(ctx, ckpt + ": the " + o->split + " split has fewer than --batch windows");
+    }
+    std::printf(
+        "%s: %lld windows of %lld tokens, %.4f nats/token, %.4f bits/token (next-token "
+        "loss)\n",
+        o->split.c_str(), static_cast<long long>(full->second), static_cast<long long>(len),
+        full->first, full->first / kLn2);
   });
 }
 

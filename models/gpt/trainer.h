@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
+#include <utility>
 
 #include "core/data/text_dataset.h"
 #include "core/util/status.h"
@@ -51,6 +53,13 @@ class GptEngine {
 // Builds the engine once the tokenizer fixed the vocabulary.
 using GptEngineFactory =
     std::function<Result<std::unique_ptr<GptEngine>>(const GptConfig&, const v1::RunConfig&)>;
+
+// Mean next-token loss over a whole split: every non-overlapping window of t inputs and its t
+// shifted targets, b windows per batch (a final partial batch is left out: an engine may be
+// built for exactly b rows); `batch_loss` gives a batch's mean loss. Returns {loss, windows}.
+Result<std::pair<double, int64_t>> full_split_loss(
+    std::span<const int32_t> tokens, int64_t b, int64_t t,
+    const std::function<Result<double>(const data::Batch&)>& batch_loss);
 
 // Trains the GPT described by `config` (read from `config_source`, named in errors) with the
 // engine `make` builds (empty: the autograd Gpt with core/optim's AdamW or SGD).

@@ -225,6 +225,10 @@ TEST_CASE("10 fused training steps give train_gpt's losses", "[models][fused]") 
       CHECK(mf[i]["grad_norm"].get<double>() ==
             Approx(ma[i]["grad_norm"].get<double>()).epsilon(1e-4));
       if (ma[i]["grad_norm"].get<double>() > 0.5) ++clipped;
+    } else if (ma[i]["event"] == "final") {  // the whole validation split
+      CHECK(ma[i]["windows"] == mf[i]["windows"]);
+      CHECK(std::abs(ma[i]["val_loss_full"].get<double>() - mf[i]["val_loss_full"].get<double>()) <=
+            1e-4);
     } else {
       CHECK(std::abs(ma[i]["val_loss"].get<double>() - mf[i]["val_loss"].get<double>()) <= 1e-4);
       CHECK(std::abs(ma[i]["train_loss"].get<double>() - mf[i]["train_loss"].get<double>()) <=
