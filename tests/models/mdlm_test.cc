@@ -51,6 +51,27 @@ std::vector<double> log_softmax_row(const float* row, int64_t n) {
   return out;
 }
 
+// Trains `m` for `steps` AdamW steps on two random sequences (ids from seed + 1) and returns its
+// loss before and after on one fixed corruption at times `te` (drawn from seed + 2); training
+// draws from seed + 3.
+std::pair<double, double> overfit_one_batch(models::Mdlm& m, const std::vector<double>& te,
+                                            uint64_t seed, int steps) {
+  const Tensor x0 = Tensor::from_vector(random_ids(2 * kT, kV, seed + 1), {2, kT});
+  Rng eval_rng(seed + 2);
+  const auto nb = m.corrupt(x0, te, eval_rng);
+  const double first = m.loss(x0, te, nb.xt).item();
+  starling::optim::AdamW opt(starling::optim::decay_matrices_only(m.parameters()),
+                             {0.9, 0.99, 1e-8, 0.0});
+  Rng rng(seed + 3);
+  for (int i = 0; i < steps; ++i) {
+    Tensor loss = m.loss(x0, rng);
+    starling::autograd::backward(loss);
+    opt.step(3e-3);
+    opt.zero_grad();
+  }
+  return {first, m.loss(x0, te, nb.xt).item()};
+}
+
 std::filesystem::path temp_path(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / "starling_mdlm_test";
   std::filesystem::create_directories(dir);
@@ -186,22 +207,8 @@ TEST_CASE("udlm loss tensor matches the float64 integrand", "[mdlm]") {
 TEST_CASE("a tiny mdlm overfits one batch", "[mdlm]") {
   auto noise = GENERATE(models::DiffusionNoise::kAbsorbing, models::DiffusionNoise::kUniform);
   models::Mdlm m(tiny(noise), 10);
-  const Tensor x0 = Tensor::from_vector(random_ids(2 * kT, kV, 11), {2, kT});
   // A fixed evaluation: the same times and corruption before and after.
-  Rng eval_rng(12);
-  const std::vector<double> te{0.3, 0.7};
-  const auto nb = m.corrupt(x0, te, eval_rng);
-  const double first = m.loss(x0, te, nb.xt).item();
-  starling::optim::AdamW opt(starling::optim::decay_matrices_only(m.parameters()),
-                             {0.9, 0.99, 1e-8, 0.0});
-  Rng rng(13);
-  for (int i = 0; i < 400; ++i) {
-    Tensor loss = m.loss(x0, rng);
-    starling::autograd::backward(loss);
-    opt.step(3e-3);
-    opt.zero_grad();
-  }
-  const double last = m.loss(x0, te, nb.xt).item();
+  const auto [first, last] = overfit_one_batch(m, {0.3, 0.7}, 10, 400);
   INFO("first " << first << " last " << last);
   // Under uniform noise even a model that has memorized the batch cannot always tell which
   // tokens are corrupted at t = 0.7, so its floor is higher.
@@ -334,21 +341,7 @@ TEST_CASE("a tiny mdlm with rope has no wpe, reads both directions and overfits 
   // Memorizing random sequences needs absolute positions, which RoPE gives only indirectly (through
   // the window's edges and the visible tokens): it takes ~3x the steps of learned positions.
   m.train(true);
-  const Tensor x0 = Tensor::from_vector(random_ids(2 * kT, kV, 51), {2, kT});
-  Rng eval_rng(52);
-  const std::vector<double> te{0.3, 0.7};
-  const auto nb = m.corrupt(x0, te, eval_rng);
-  const double first = m.loss(x0, te, nb.xt).item();
-  starling::optim::AdamW opt(starling::optim::decay_matrices_only(m.parameters()),
-                             {0.9, 0.99, 1e-8, 0.0});
-  Rng rng(53);
-  for (int i = 0; i < 1500; ++i) {
-    Tensor loss = m.loss(x0, rng);
-    starling::autograd::backward(loss);
-    opt.step(3e-3);
-    opt.zero_grad();
-  }
-  const double last = m.loss(x0, te, nb.xt).item();
+  const auto [first, last] = overfit_one_batch(m, {0.3, 0.7}, 50, 1500);
   INFO("first " << first << " last " << last);
   REQUIRE(last < 0.1 * first);
 }
@@ -622,21 +615,9 @@ TEST_CASE("block diffusion: configuration errors name diffusion.block_length", "
 
 TEST_CASE("block diffusion overfits one batch and samples block by block", "[mdlm][bd3]") {
   models::Mdlm m(tiny_blocks(2, true), 90);
-  const Tensor x0 = Tensor::from_vector(random_ids(2 * kT, kV, 91), {2, kT});
-  Rng eval_rng(92);
-  const std::vector<double> te{0.3, 0.7, 0.5, 0.9, 0.2, 0.6, 0.8, 0.4};
-  const auto nb = m.corrupt(x0, te, eval_rng);
-  const double first = m.loss(x0, te, nb.xt).item();
-  starling::optim::AdamW opt(starling::optim::decay_matrices_only(m.parameters()),
-                             {0.9, 0.99, 1e-8, 0.0});
-  Rng rng(93);
-  for (int i = 0; i < 300; ++i) {
-    Tensor loss = m.loss(x0, rng);
-    starling::autograd::backward(loss);
-    opt.step(3e-3);
-    opt.zero_grad();
-  }
-  const double last = m.loss(x0, te, nb.xt).item();
+  // One time per block: 2 sequences x 4 blocks.
+  const auto [first, last] =
+      overfit_one_batch(m, {0.3, 0.7, 0.5, 0.9, 0.2, 0.6, 0.8, 0.4}, 90, 300);
   INFO("first " << first << " last " << last);
   // A fully masked first block cannot tell the two memorized sequences apart (it sees no clean
   // context), so the floor is above the plain MDLM's.
@@ -656,7 +637,7 @@ TEST_CASE("block diffusion overfits one batch and samples block by block", "[mdl
   REQUIRE(m.training());
 }
 
-TEST_CASE("block diffusion checkpoints keep the block length; evaluation is deterministic",
+TEST_CASE("block diffusion checkpoints keep the block length, evaluation is deterministic",
           "[mdlm][bd3]") {
   starling::v1::RunConfig cfg;
   cfg.mutable_model()->set_arch(starling::v1::ModelConfig::MDLM);
