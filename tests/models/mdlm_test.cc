@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "core/config/toml_config.h"
 #include "core/data/char_tokenizer.h"
 #include "core/ops/ops.h"
 #include "core/optim/optimizer.h"
@@ -724,4 +725,28 @@ TEST_CASE("antithetic masks: complement plus one per block, the same NELBO in ex
   models::MdlmConfig bad = tiny();
   bad.antithetic = true;  // bernoulli masking
   REQUIRE_THAT(bad.validate().message(), Catch::Contains("diffusion.antithetic"));
+}
+
+TEST_CASE("mdlm configs in configs/ load and validate", "[mdlm][config]") {
+  int found = 0;
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(STARLING_SOURCE_DIR) + "/configs")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("mdlm_", 0) != 0) continue;
+    INFO(name);
+    auto cfg = starling::config::load_run_config(e.path());
+    REQUIRE(cfg.ok());
+    REQUIRE(starling::config::validate_run_config(*cfg, name).ok());
+    REQUIRE(cfg->model().arch() == starling::v1::ModelConfig::MDLM);
+    const auto mc = models::MdlmConfig::from_proto(*cfg, 65);
+    INFO(mc.validate().message());
+    REQUIRE(mc.validate().ok());
+    if (name == "mdlm_char_bd3_cpu.toml") {
+      CHECK(mc.block_diffusion());
+      CHECK(mc.block_length == 2);
+      CHECK(mc.antithetic);
+    }
+    ++found;
+  }
+  REQUIRE(found >= 3);
 }
