@@ -5,7 +5,10 @@ time. --device cuda times with synchronization and reports peak memory
 (torch.cuda.max_memory_allocated); --compile wraps the model in torch.compile (its compilation
 runs in the warmup steps). fp32 (TF32 off, PyTorch's default for matmuls), or with --bf16
 torch.autocast(bfloat16) around the forward (fp32 master weights, as the issue's bf16 runs).
-Prints one JSON line."""
+--mdlm trains the masked diffusion LM of models/mdlm instead (the same trunk with bidirectional
+attention, V + 1 embeddings with [MASK] = V, the SUBS loss: cross-entropy over the first V logits
+at masked positions weighted 1/t, one stratified t per sequence, eps = 1e-3), the step of
+`starling train` for model.arch = "mdlm". Prints one JSON line."""
 import argparse
 import contextlib
 import json
@@ -19,9 +22,10 @@ import torch.nn.functional as F
 
 
 class Block(nn.Module):
-    def __init__(self, c, h, bias=False):
+    def __init__(self, c, h, bias=False, causal=True):
         super().__init__()
         self.h = h
+        self.causal = causal
         self.ln_1 = nn.LayerNorm(c, bias=bias)
         self.c_attn = nn.Linear(c, 3 * c, bias=bias)
         self.c_proj = nn.Linear(c, c, bias=bias)
@@ -35,26 +39,52 @@ class Block(nn.Module):
         q = q.view(b, t, self.h, c // self.h).transpose(1, 2)
         k = k.view(b, t, self.h, c // self.h).transpose(1, 2)
         v = v.view(b, t, self.h, c // self.h).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         x = x + self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
 
 
 class GPT(nn.Module):
-    def __init__(self, v, t, l, h, c, bias=False):
+    def __init__(self, v, t, l, h, c, bias=False, causal=True):
         super().__init__()
         self.wte = nn.Embedding(v, c)
         self.wpe = nn.Embedding(t, c)
-        self.blocks = nn.ModuleList([Block(c, h, bias) for _ in range(l)])
+        self.blocks = nn.ModuleList([Block(c, h, bias, causal) for _ in range(l)])
         self.ln_f = nn.LayerNorm(c, bias=bias)
 
-    def forward(self, idx, targets):
+    def logits(self, idx):
         t = idx.shape[1]
         x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
         for blk in self.blocks:
             x = blk(x)
-        logits = self.ln_f(x) @ self.wte.weight.t()
+        return self.ln_f(x) @ self.wte.weight.t()
+
+    def forward(self, idx, targets):
+        logits = self.logits(idx)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+class MDLM(GPT):
+    """Absorbing-state masked diffusion (Sahoo et al. 2024) on the GPT trunk: V + 1 embeddings,
+    bidirectional attention; the loss of models/mdlm Mdlm::loss (Bernoulli masks)."""
+
+    def __init__(self, v, t, l, h, c, bias=False, eps=1e-3):
+        super().__init__(v + 1, t, l, h, c, bias, causal=False)
+        self.v = v
+        self.eps = eps
+
+    def forward(self, x0, _targets=None):
+        b, t = x0.shape
+        # One stratified time per sequence; each token masked with probability 1 - alpha(t).
+        u = (torch.arange(b, device=x0.device) + torch.rand(b, device=x0.device)) / b
+        tt = self.eps + (1 - self.eps) * u
+        move = (1 - self.eps) * tt
+        masked = torch.rand(b, t, device=x0.device) < move[:, None]
+        xt = torch.where(masked, torch.full_like(x0, self.v), x0)
+        logits = self.logits(xt)[..., : self.v]  # SUBS: no [MASK] logit
+        ce = F.cross_entropy(logits.reshape(-1, self.v).float(), x0.reshape(-1),
+                             reduction="none").view(b, t)
+        return (ce * masked / tt[:, None]).sum() / (b * t)
 
 
 def main():
@@ -72,6 +102,7 @@ def main():
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--bias", action="store_true", help="biases in Linear and LayerNorm")
     p.add_argument("--bf16", action="store_true", help="autocast the forward to bfloat16")
+    p.add_argument("--mdlm", action="store_true", help="the masked diffusion LM's step")
     a = p.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
@@ -80,7 +111,8 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(1337)
-    model = GPT(a.vocab, a.block, a.layers, a.heads, a.embd, a.bias).to(a.device)
+    cls = MDLM if a.mdlm else GPT
+    model = cls(a.vocab, a.block, a.layers, a.heads, a.embd, a.bias).to(a.device)
     step_model = torch.compile(model) if a.compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1,
                             **({"fused": True} if cuda else {}))
@@ -105,7 +137,7 @@ def main():
             times.append(dt)
     med = statistics.median(times)
     out = {"engine": "pytorch " + torch.__version__ + (" compile" if a.compile else " eager")
-           + (" bf16" if a.bf16 else ""),
+           + (" bf16" if a.bf16 else ""), "model": "mdlm" if a.mdlm else "gpt",
            "device": a.device, "threads": torch.get_num_threads(),
            "ms_per_step": med * 1e3, "tokens_per_s": a.batch * a.block / med,
            "params": sum(p.numel() for p in model.parameters()), "loss": loss_v}

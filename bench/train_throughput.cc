@@ -1,7 +1,9 @@
 // Training throughput of a GPT engine on one shape (--engine autograd: core/autograd + core/optim;
 // fused: models/gpt/fused_gpt on its CPU backend): forward + backward + clip + AdamW per step,
-// random tokens, median over timed steps. Prints one JSON line (for the wrapper script) and a
-// human-readable line. Run bench/train_throughput.sh for the table beside PyTorch.
+// random tokens, median over timed steps. --model mdlm times the masked diffusion LM's step on the
+// same trunk (models/mdlm: bidirectional attention, V + 1 embeddings, Mdlm::loss with Bernoulli
+// masks), autograd engine. Prints one JSON line (for the wrapper script). Run
+// bench/train_throughput.sh for the table beside PyTorch.
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
@@ -17,13 +19,14 @@
 #include "models/gpt/fused_backend.h"
 #include "models/gpt/fused_gpt.h"
 #include "models/gpt/gpt.h"
+#include "models/mdlm/mdlm.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"starling GPT training throughput"};
   starling::models::GptConfig c;
   int64_t batch = 12, warmup = 5, steps = 30;
   int threads = 0;
-  std::string engine = "autograd";
+  std::string engine = "autograd", model_kind = "gpt";
   app.add_option("--vocab", c.vocab_size)->capture_default_str();
   app.add_option("--block", c.block_size)->capture_default_str();
   app.add_option("--layers", c.n_layer)->capture_default_str();
@@ -36,12 +39,29 @@ int main(int argc, char** argv) {
   app.add_option("--engine", engine, "autograd or fused")
       ->check(CLI::IsMember({"autograd", "fused"}))
       ->capture_default_str();
+  app.add_option("--model", model_kind, "gpt or mdlm")
+      ->check(CLI::IsMember({"gpt", "mdlm"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) omp_set_num_threads(threads);
+  const bool mdlm = model_kind == "mdlm";
+  if (mdlm && engine != "autograd") {
+    std::fprintf(stderr, "--model mdlm runs on the autograd engine only\n");
+    return 2;
+  }
 
   starling::models::Gpt model(c, 1337);
-  starling::optim::AdamW opt(starling::optim::decay_matrices_only(model.parameters()),
+  starling::models::MdlmConfig mc;
+  mc.vocab_size = c.vocab_size;
+  mc.block_size = c.block_size;
+  mc.n_layer = c.n_layer;
+  mc.n_head = c.n_head;
+  mc.n_embd = c.n_embd;
+  starling::models::Mdlm diffusion(mc, 1337);
+  starling::nn::Module& trained = mdlm ? static_cast<starling::nn::Module&>(diffusion) : model;
+  starling::optim::AdamW opt(starling::optim::decay_matrices_only(trained.parameters()),
                              {0.9, 0.99, 1e-8, 0.1});
+  starling::Rng mask_rng(2);
   std::unique_ptr<starling::models::FusedGpt> fused;
   if (engine == "fused") {
     auto f = starling::models::FusedGpt::make(c, batch, c.block_size, 1337,
@@ -71,9 +91,9 @@ int main(int argc, char** argv) {
       }
       loss_v = r->loss;
     } else {
-      starling::Tensor loss = model.loss(tx, ty);
+      starling::Tensor loss = mdlm ? diffusion.loss(tx, mask_rng) : model.loss(tx, ty);
       starling::autograd::backward(loss);
-      starling::optim::clip_grad_norm(model.parameters(), 1.0);
+      starling::optim::clip_grad_norm(trained.parameters(), 1.0);
       opt.step(1e-3);
       opt.zero_grad();
       loss_v = loss.item();
@@ -85,9 +105,9 @@ int main(int argc, char** argv) {
   const double med = times[times.size() / 2];
   const double tps = static_cast<double>(batch * c.block_size) / med;
   std::printf(
-      "{\"engine\":\"starling %s\",\"threads\":%d,\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
-      "\"params\":%lld,\"loss\":%.4f}\n",
-      engine.c_str(), omp_get_max_threads(), med * 1e3, tps,
-      static_cast<long long>(model.num_parameters()), loss_v);
+      "{\"engine\":\"starling %s\",\"model\":\"%s\",\"threads\":%d,\"ms_per_step\":%.3f,"
+      "\"tokens_per_s\":%.1f,\"params\":%lld,\"loss\":%.4f}\n",
+      engine.c_str(), model_kind.c_str(), omp_get_max_threads(), med * 1e3, tps,
+      static_cast<long long>(trained.num_parameters()), loss_v);
   return 0;
 }
