@@ -37,6 +37,19 @@ void cross_entropy_forward(float* losses, float* loss, int* valid_count, const f
 void cross_entropy_backward(float* dlogits, const float* logits, const int* targets,
                             const float* dloss, const int* valid_count, int n, int v,
                             int ignore_index, cudaStream_t stream);
+// The weighted, padded variant (the MDLM's loss): logits: (N, VP) rows with the softmax over the
+// first V columns (VP >= V; columns V.. are never read, as if -inf), targets: (N) in [0, V) or
+// negative (ignored), weights: (N) or null -> losses: (N) (0 on ignored rows), loss: () =
+// sum_i weights[i] * losses[i] over the kept rows, accumulated in double in a fixed order (null
+// weights: the sum over kept rows / N).
+void cross_entropy_weighted_forward(float* losses, float* loss, const float* logits,
+                                    const int* targets, const float* weights, int n, int v, int vp,
+                                    cudaStream_t stream);
+// dlogits: (N, VP) = weights[i] * (softmax - onehot(target)) in the first V columns (1/N for null
+// weights), 0 in columns V.. and on ignored rows: the gradient of the weighted loss.
+void cross_entropy_weighted_backward(float* dlogits, const float* logits, const int* targets,
+                                     const float* weights, int n, int v, int vp,
+                                     cudaStream_t stream);
 
 // adamw_cuda.cu: one decoupled-weight-decay Adam step on n fp32 master weights, the same
 // arithmetic as core/optim's AdamW; `step` counts from 1. When params_bf16 is not null it

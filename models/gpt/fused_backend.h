@@ -86,10 +86,13 @@ class FusedBackend {
   virtual void linear_backward(float* dx, float* dweight, float* dbias, const float* dout,
                                const float* x, const float* weight, int n, int in,
                                int out_features) = 0;
-  // Causal attention over packed heads. qkv: (B, T, 3C) -> out: (B, T, C), att: (B, H, T, T).
+  // Attention over packed heads, causal (query t sees keys 0..t) or bidirectional (every query
+  // sees every key: the MDLM). qkv: (B, T, 3C) -> out: (B, T, C), att: (B, H, T, T) the
+  // probabilities (0 above the diagonal when causal).
   virtual void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
-                                 int h) = 0;
-  // dout: (B, T, C), scratch: (B, H, T, T) -> dqkv: (B, T, 3C).
+                                 int h, bool causal) = 0;
+  // dout: (B, T, C), scratch: (B, H, T, T) -> dqkv: (B, T, 3C). Either mask: the masked
+  // probabilities of att are 0, so they pass no gradient.
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                   const float* att, int b, int t, int c, int h) = 0;
   // Exact (erf) GELU over n values; backward dx = dout * gelu'(x) (dx may alias dout). The CPU
@@ -98,12 +101,19 @@ class FusedBackend {
   virtual void gelu_backward(float* dx, const float* dout, const float* x, size_t n) = 0;
   // out = a + b over n values (out may alias a or b).
   virtual void residual_add(float* out, const float* a, const float* b, size_t n) = 0;
-  // logits: (N, V), targets: (N) in [0, V) -> losses: (N), loss: () the mean.
+  // Softmax cross-entropy over the first V columns of logits: (N, VP) rows (VP >= V, llm.c's
+  // padded vocabulary: columns V..VP-1 are never read, as if their logits were -inf; the MDLM's
+  // [MASK] column). targets: (N) in [0, V), or negative: the row is ignored. weights: (N) or null
+  // -> losses: (N) each row's CE (0 on ignored rows), loss: () = sum_i weights[i] * losses[i]
+  // over the kept rows (summed in double in row order); with null weights the mean over all N
+  // rows. REQUIRES: with null weights every target is in [0, V).
   virtual void cross_entropy_forward(float* losses, float* loss, const float* logits,
-                                     const int* targets, int n, int v) = 0;
-  // dlogits: (N, V) = (softmax(logits) - onehot(target)) / N, the gradient of the mean loss.
+                                     const int* targets, const float* weights, int n, int v,
+                                     int vp) = 0;
+  // dlogits: (N, VP), the gradient of `loss`: weights[i] * (softmax(row) - onehot(target)) over
+  // the first V columns (1/N for null weights), 0 in columns V.. and on ignored rows.
   virtual void cross_entropy_backward(float* dlogits, const float* logits, const int* targets,
-                                      int n, int v) = 0;
+                                      const float* weights, int n, int v, int vp) = 0;
   // One AdamW step on n weights with their gradients and moments.
   virtual void adamw(float* params, const float* grads, float* m, float* v, size_t n,
                      const FusedAdamW& s) = 0;

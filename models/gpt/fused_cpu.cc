@@ -203,8 +203,8 @@ class CpuBackend final : public FusedBackend {
     }
   }
 
-  void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
-                         int h) override {
+  void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c, int h,
+                         bool causal) override {
     const int d = c / h;
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
 #pragma omp parallel for schedule(static)
@@ -215,16 +215,17 @@ class CpuBackend final : public FusedBackend {
       sgemm(false, true, t, t, d, scale, q, 3 * c, q + c, 3 * c, 0.0f, p, t);
       for (int i = 0; i < t; ++i) {
         float* row = p + static_cast<int64_t>(i) * t;
+        const int valid = causal ? i + 1 : t;  // keys 0..valid-1
         float mx = -std::numeric_limits<float>::infinity();
-        for (int j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+        for (int j = 0; j < valid; ++j) mx = std::max(mx, row[j]);
         float s = 0.0f;
-        for (int j = 0; j <= i; ++j) {
+        for (int j = 0; j < valid; ++j) {
           row[j] = std::exp(row[j] - mx);
           s += row[j];
         }
         const float inv = 1.0f / s;
-        for (int j = 0; j <= i; ++j) row[j] *= inv;
-        for (int j = i + 1; j < t; ++j) row[j] = 0.0f;
+        for (int j = 0; j < valid; ++j) row[j] *= inv;
+        for (int j = valid; j < t; ++j) row[j] = 0.0f;
       }
       sgemm(false, false, t, d, t, 1.0f, p, t, q + 2 * c, 3 * c, 0.0f,
             out + static_cast<int64_t>(bb) * t * c + hh * d, c);
@@ -278,10 +279,14 @@ class CpuBackend final : public FusedBackend {
   }
 
   void cross_entropy_forward(float* losses, float* loss, const float* logits, const int* targets,
-                             int n, int v) override {
+                             const float* weights, int n, int v, int vp) override {
 #pragma omp parallel for if (int64_t{n} * v > (1 << 14))
     for (int r = 0; r < n; ++r) {
-      const float* row = logits + static_cast<int64_t>(r) * v;
+      if (targets[r] < 0) {
+        losses[r] = 0.0f;
+        continue;
+      }
+      const float* row = logits + static_cast<int64_t>(r) * vp;
       float mx = -std::numeric_limits<float>::infinity();
       for (int j = 0; j < v; ++j) mx = std::max(mx, row[j]);
       float s = 0.0f;
@@ -289,24 +294,37 @@ class CpuBackend final : public FusedBackend {
       losses[r] = mx + std::log(s) - row[targets[r]];
     }
     double sum = 0.0;
-    for (int r = 0; r < n; ++r) sum += losses[r];
-    *loss = n > 0 ? static_cast<float>(sum / n) : 0.0f;
+    if (weights == nullptr) {
+      for (int r = 0; r < n; ++r) sum += losses[r];
+      *loss = n > 0 ? static_cast<float>(sum / n) : 0.0f;
+      return;
+    }
+    for (int r = 0; r < n; ++r) {
+      if (targets[r] >= 0) sum += static_cast<double>(weights[r]) * losses[r];
+    }
+    *loss = static_cast<float>(sum);
   }
 
-  void cross_entropy_backward(float* dlogits, const float* logits, const int* targets, int n,
-                              int v) override {
+  void cross_entropy_backward(float* dlogits, const float* logits, const int* targets,
+                              const float* weights, int n, int v, int vp) override {
     const float inv_n = 1.0f / static_cast<float>(std::max(n, 1));
 #pragma omp parallel for if (int64_t{n} * v > (1 << 14))
     for (int r = 0; r < n; ++r) {
-      const float* row = logits + static_cast<int64_t>(r) * v;
-      float* d = dlogits + static_cast<int64_t>(r) * v;
+      float* d = dlogits + static_cast<int64_t>(r) * vp;
+      if (targets[r] < 0) {
+        std::fill(d, d + vp, 0.0f);
+        continue;
+      }
+      const float w = weights != nullptr ? weights[r] : inv_n;
+      const float* row = logits + static_cast<int64_t>(r) * vp;
       float mx = -std::numeric_limits<float>::infinity();
       for (int j = 0; j < v; ++j) mx = std::max(mx, row[j]);
       float s = 0.0f;
       for (int j = 0; j < v; ++j) s += std::exp(row[j] - mx);
       const float inv_s = 1.0f / s;
-      for (int j = 0; j < v; ++j) d[j] = std::exp(row[j] - mx) * inv_s * inv_n;
-      d[targets[r]] -= inv_n;
+      for (int j = 0; j < v; ++j) d[j] = std::exp(row[j] - mx) * inv_s * w;
+      d[targets[r]] -= w;
+      std::fill(d + v, d + vp, 0.0f);
     }
   }
 

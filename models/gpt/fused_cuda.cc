@@ -108,9 +108,9 @@ class CudaBackend final : public FusedBackend {
     cuda::linear_backward(dx, dweight, dbias, dout, x, weight, n, in, out_features, cublas_.get(),
                           stream_.get());
   }
-  void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
-                         int h) override {
-    cuda::attention_forward(out, att, qkv, b, t, c, h, true, cublas_.get(), stream_.get());
+  void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c, int h,
+                         bool causal) override {
+    cuda::attention_forward(out, att, qkv, b, t, c, h, causal, cublas_.get(), stream_.get());
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* att, int b, int t, int c, int h) override {
@@ -126,15 +126,27 @@ class CudaBackend final : public FusedBackend {
   void residual_add(float* out, const float* a, const float* b, size_t n) override {
     cuda::residual_add(out, a, b, n, stream_.get());
   }
+  // The GPT's mean over unpadded rows keeps its kernels (and its results); weights or a padded
+  // vocabulary (the MDLM) take the weighted ones.
   void cross_entropy_forward(float* losses, float* loss, const float* logits, const int* targets,
-                             int n, int v) override {
-    cuda::cross_entropy_forward(losses, loss, valid_count(), logits, targets, n, v, kIgnoreIndex,
-                                stream_.get());
+                             const float* weights, int n, int v, int vp) override {
+    if (weights == nullptr && v == vp) {
+      cuda::cross_entropy_forward(losses, loss, valid_count(), logits, targets, n, v, kIgnoreIndex,
+                                  stream_.get());
+      return;
+    }
+    cuda::cross_entropy_weighted_forward(losses, loss, logits, targets, weights, n, v, vp,
+                                         stream_.get());
   }
-  void cross_entropy_backward(float* dlogits, const float* logits, const int* targets, int n,
-                              int v) override {
-    cuda::cross_entropy_backward(dlogits, logits, targets, dloss_one(), valid_count(), n, v,
-                                 kIgnoreIndex, stream_.get());
+  void cross_entropy_backward(float* dlogits, const float* logits, const int* targets,
+                              const float* weights, int n, int v, int vp) override {
+    if (weights == nullptr && v == vp) {
+      cuda::cross_entropy_backward(dlogits, logits, targets, dloss_one(), valid_count(), n, v,
+                                   kIgnoreIndex, stream_.get());
+      return;
+    }
+    cuda::cross_entropy_weighted_backward(dlogits, logits, targets, weights, n, v, vp,
+                                          stream_.get());
   }
   void adamw(float* params, const float* grads, float* m, float* v, size_t n,
              const FusedAdamW& s) override {

@@ -66,11 +66,6 @@ Status check_fused_gpt_config(const GptConfig& c, int64_t batch, int64_t time) {
         "fused GPT: model.pos_encoding = \"rope\" is not supported (learned positions only); "
         "use train.engine = \"autograd\"");
   }
-  if (!c.causal) {
-    return unimplemented(
-        "fused GPT: model.causal = false is not supported (causal attention only); use "
-        "train.engine = \"autograd\"");
-  }
   if (batch <= 0) return invalid_argument("fused GPT: batch size must be positive");
   if (time <= 0 || time > c.block_size) {
     return invalid_argument("fused GPT: sequence length " + std::to_string(time) +
@@ -113,6 +108,7 @@ Result<std::unique_ptr<FusedGpt>> FusedGpt::make(const GptConfig& config, int64_
   RETURN_IF_ERROR(check_fused_gpt_config(config, batch, time));
   if (!backend) return invalid_argument("fused GPT: no backend");
   std::unique_ptr<FusedGpt> m(new FusedGpt(config, batch, time, std::move(backend)));
+  m->loss_vocab_ = config.vocab_size;
   m->layout_ = fused_gpt_layout(config);
   for (const auto& p : m->layout_) m->num_params_ += p.numel;
   std::unordered_map<std::string, int> index;
@@ -150,6 +146,15 @@ Result<std::unique_ptr<FusedGpt>> FusedGpt::make(const GptConfig& config, int64_
   return m;
 }
 
+Status FusedGpt::set_loss_vocab(int64_t v) {
+  if (v < 1 || v > config_.vocab_size) {
+    return invalid_argument("fused GPT: loss vocabulary " + std::to_string(v) +
+                            " must be in [1, V = " + std::to_string(config_.vocab_size) + "]");
+  }
+  loss_vocab_ = v;
+  return ok_status();
+}
+
 Status FusedGpt::allocate() {
   auto get = [&](size_t nbytes) -> Result<void*> {
     ASSIGN_OR_RETURN(void* p, backend_->alloc(nbytes));
@@ -174,6 +179,7 @@ Status FusedGpt::allocate() {
   ASSIGN_OR_RETURN(v_, floats(num_params_), "AdamW state");
   ASSIGN_OR_RETURN(a_.idx, ints(N));
   ASSIGN_OR_RETURN(a_.targets, ints(N));
+  ASSIGN_OR_RETURN(a_.weights, floats(N));
   ASSIGN_OR_RETURN(a_.bucket_order, ints(N));
   ASSIGN_OR_RETURN(a_.bucket_starts, ints(N + 1));
   ASSIGN_OR_RETURN(a_.bucket_tokens, ints(N));
@@ -265,20 +271,36 @@ io::StateDict FusedGpt::state_dict() {
   return sd;
 }
 
-Status FusedGpt::set_batch(const int32_t* idx, const int32_t* targets, size_t count) {
+Status FusedGpt::set_batch(const FusedBatch& batch) {
   const size_t N = static_cast<size_t>(b_ * t_);
-  if (count != N) {
-    return invalid_argument("fused GPT: batch has " + std::to_string(count) +
+  const int32_t* idx = batch.idx;
+  const int32_t* targets = batch.targets;
+  if (idx == nullptr || targets == nullptr) {
+    return invalid_argument("fused GPT: a batch needs inputs and targets");
+  }
+  if (batch.count != N) {
+    return invalid_argument("fused GPT: batch has " + std::to_string(batch.count) +
                             " tokens, expected B*T = " + std::to_string(b_) + "*" +
                             std::to_string(t_));
   }
   const int32_t V = static_cast<int32_t>(config_.vocab_size);
+  const int32_t VL = static_cast<int32_t>(loss_vocab_);
+  const bool weighted = batch.weights != nullptr;
   for (size_t i = 0; i < N; ++i) {
-    if (idx[i] < 0 || idx[i] >= V || (targets != nullptr && (targets[i] < 0 || targets[i] >= V))) {
-      return invalid_argument(
-          "fused GPT: token at position " + std::to_string(i) + " (" +
-          std::to_string(targets != nullptr && (idx[i] >= 0 && idx[i] < V) ? targets[i] : idx[i]) +
-          ") is outside the vocabulary [0, " + std::to_string(V) + ")");
+    if (idx[i] < 0 || idx[i] >= V) {
+      return invalid_argument("fused GPT: token at position " + std::to_string(i) + " (" +
+                              std::to_string(idx[i]) + ") is outside the vocabulary [0, " +
+                              std::to_string(V) + ")");
+    }
+    // Negative targets mark ignored positions, which only a weighted loss has.
+    if (targets[i] >= VL || (targets[i] < 0 && !weighted)) {
+      return invalid_argument("fused GPT: target at position " + std::to_string(i) + " (" +
+                              std::to_string(targets[i]) + ") is outside the vocabulary [0, " +
+                              std::to_string(VL) + ")");
+    }
+    if (weighted && targets[i] >= 0 && !std::isfinite(batch.weights[i])) {
+      return invalid_argument("fused GPT: loss weight at position " + std::to_string(i) +
+                              " is not finite");
     }
   }
   // Counting sort of positions by token: buckets for the deterministic embedding backward.
@@ -301,7 +323,9 @@ Status FusedGpt::set_batch(const int32_t* idx, const int32_t* targets, size_t co
   }
   a_.num_unique = static_cast<int>(h_tokens_.size());
   backend_->copy_to_backend(a_.idx, idx, N * sizeof(int));
-  if (targets != nullptr) backend_->copy_to_backend(a_.targets, targets, N * sizeof(int));
+  backend_->copy_to_backend(a_.targets, targets, N * sizeof(int));
+  weighted_ = weighted;
+  if (weighted) backend_->copy_to_backend(a_.weights, batch.weights, N * sizeof(float));
   backend_->copy_to_backend(a_.bucket_order, h_order_.data(), N * sizeof(int));
   backend_->copy_to_backend(a_.bucket_starts, h_starts_.data(), h_starts_.size() * sizeof(int));
   backend_->copy_to_backend(a_.bucket_tokens, h_tokens_.data(), h_tokens_.size() * sizeof(int));
@@ -322,7 +346,7 @@ void FusedGpt::forward() {
     k.layer_norm_forward(a_.ln1[l], a_.ln1_mean[l], a_.ln1_rstd[l], x, param(p.ln1w), param(p.ln1b),
                          N, C);
     k.linear_forward(a_.qkv[l], a_.ln1[l], param(p.qkvw), param(p.qkvb), N, C, 3 * C);
-    k.attention_forward(a_.atty[l], a_.att[l], a_.qkv[l], B, T, C, H);
+    k.attention_forward(a_.atty[l], a_.att[l], a_.qkv[l], B, T, C, H, config_.causal);
     k.linear_forward(a_.tmp, a_.atty[l], param(p.attprojw), param(p.attprojb), N, C, C);
     k.residual_add(a_.resid_mid[l], x, a_.tmp, NC);
     k.layer_norm_forward(a_.ln2[l], a_.ln2_mean[l], a_.ln2_rstd[l], a_.resid_mid[l], param(p.ln2w),
@@ -335,9 +359,9 @@ void FusedGpt::forward() {
   k.layer_norm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, a_.residual.back(), param(lnfw_),
                        param(lnfb_), N, C);
   k.linear_forward(a_.logits, a_.lnf, param(wte_), nullptr, N, C, V);  // tied head
-  k.cross_entropy_forward(a_.losses,
-                          reinterpret_cast<float*>(static_cast<char*>(a_.scalars) + kLossOffset),
-                          a_.logits, a_.targets, N, V);
+  k.cross_entropy_forward(
+      a_.losses, reinterpret_cast<float*>(static_cast<char*>(a_.scalars) + kLossOffset), a_.logits,
+      a_.targets, weighted_ ? a_.weights : nullptr, N, static_cast<int>(loss_vocab_), V);
 }
 
 void FusedGpt::backward() {
@@ -348,7 +372,8 @@ void FusedGpt::backward() {
   const int N = B * T;
   const size_t NC = static_cast<size_t>(N) * C;
   k.zero(grads_, num_params_ * sizeof(float));
-  k.cross_entropy_backward(a_.dlogits, a_.logits, a_.targets, N, V);
+  k.cross_entropy_backward(a_.dlogits, a_.logits, a_.targets, weighted_ ? a_.weights : nullptr, N,
+                           static_cast<int>(loss_vocab_), V);
   // The head writes dwte; the embedding backward adds to it at the end (tied weights).
   k.linear_backward(a_.dbtc, grad(wte_), nullptr, a_.dlogits, a_.lnf, param(wte_), N, C, V);
   k.layer_norm_backward(a_.dres, grad(lnfw_), grad(lnfb_), a_.dbtc, a_.residual.back(),
@@ -379,7 +404,11 @@ void FusedGpt::backward() {
 
 Result<double> FusedGpt::loss(const int32_t* idx, const int32_t* targets, size_t count) {
   if (targets == nullptr) return invalid_argument("fused GPT: loss needs targets");
-  RETURN_IF_ERROR(set_batch(idx, targets, count));
+  return loss(FusedBatch{idx, targets, nullptr, count});
+}
+
+Result<double> FusedGpt::loss(const FusedBatch& batch) {
+  RETURN_IF_ERROR(set_batch(batch));
   forward();
   float loss = 0.0f;
   backend_->copy_to_host(&loss, static_cast<char*>(a_.scalars) + kLossOffset, sizeof loss);
@@ -389,7 +418,11 @@ Result<double> FusedGpt::loss(const int32_t* idx, const int32_t* targets, size_t
 Result<double> FusedGpt::forward_backward(const int32_t* idx, const int32_t* targets,
                                           size_t count) {
   if (targets == nullptr) return invalid_argument("fused GPT: training needs targets");
-  RETURN_IF_ERROR(set_batch(idx, targets, count));
+  return forward_backward(FusedBatch{idx, targets, nullptr, count});
+}
+
+Result<double> FusedGpt::forward_backward(const FusedBatch& batch) {
+  RETURN_IF_ERROR(set_batch(batch));
   forward();
   backward();
   float loss = 0.0f;
@@ -401,7 +434,12 @@ Result<FusedStepResult> FusedGpt::train_step(const int32_t* idx, const int32_t* 
                                              size_t count, double lr, const FusedOptimizer& opt,
                                              double grad_clip) {
   if (targets == nullptr) return invalid_argument("fused GPT: training needs targets");
-  RETURN_IF_ERROR(set_batch(idx, targets, count));
+  return train_step(FusedBatch{idx, targets, nullptr, count}, lr, opt, grad_clip);
+}
+
+Result<FusedStepResult> FusedGpt::train_step(const FusedBatch& batch, double lr,
+                                             const FusedOptimizer& opt, double grad_clip) {
+  RETURN_IF_ERROR(set_batch(batch));
   forward();
   backward();
   double* norm_sq = reinterpret_cast<double*>(static_cast<char*>(a_.scalars) + kNormOffset);

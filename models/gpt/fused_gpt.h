@@ -2,7 +2,9 @@
 // parameter buffer in nanoGPT order, one gradient buffer of the same layout, AdamW moments,
 // activations sized once for (B, T). Its arithmetic goes through a FusedBackend (CPU or CUDA);
 // a step enqueues forward, backward, clipping and AdamW and reads back only the loss and the
-// gradient norm. Weights load from and export to models::Gpt's StateDict.
+// gradient norm. Weights load from and export to models::Gpt's StateDict. The same trunk serves
+// the MDLM (models/mdlm/fused_engine.h): bidirectional attention, a loss over the first V of
+// V + 1 logits, and per-position weights.
 #pragma once
 
 #include <cstdint>
@@ -32,8 +34,9 @@ struct FusedParam {
 // config.bias). REQUIRES: config.validate() is ok.
 std::vector<FusedParam> fused_gpt_layout(const GptConfig& config);
 
-// Why the fused trainer cannot run `config` (dropout > 0, non-causal attention, an invalid
-// shape), or ok. `batch` and `time` are B and T of the activations (1 <= T <= block_size).
+// Why the fused trainer cannot run `config` (dropout > 0, RoPE, an invalid shape), or ok. Causal
+// and bidirectional (config.causal = false) attention are both supported. `batch` and `time` are B
+// and T of the activations (1 <= T <= block_size).
 Status check_fused_gpt_config(const GptConfig& config, int64_t batch, int64_t time);
 
 struct FusedOptimizer {
@@ -44,8 +47,19 @@ struct FusedOptimizer {
 };
 
 struct FusedStepResult {
-  double loss = 0.0;       // mean cross-entropy of the batch, before the update
+  double loss = 0.0;       // the batch's loss (FusedBatch), before the update
   double grad_norm = 0.0;  // global L2 norm before clipping
+};
+
+// One batch in host memory, B*T positions row-major. Without weights the loss is the mean
+// cross-entropy over every position (the GPT) and every target must be in [0, loss_vocab). With
+// weights it is sum_i weights[i] * CE_i over the positions whose target is >= 0; a negative
+// target is ignored (no loss, no gradient): the MDLM's weighted NELBO.
+struct FusedBatch {
+  const int32_t* idx = nullptr;      // (B, T) inputs in [0, V)
+  const int32_t* targets = nullptr;  // (B, T)
+  const float* weights = nullptr;    // (B, T) or null
+  size_t count = 0;                  // B*T
 };
 
 class FusedGpt {
@@ -67,6 +81,11 @@ class FusedGpt {
   FusedBackend& backend() { return *backend_; }
   // AdamW steps taken so far.
   int64_t steps() const { return steps_; }
+  // The loss reads the first `v` of the tied head's V logits per position (1 <= v <= V; V by
+  // default): llm.c's padded vocabulary, and the MDLM's SUBS, whose [MASK] logit (wte's last
+  // row) is -inf. The gradient of the other columns is 0. Bad v: InvalidArgument.
+  Status set_loss_vocab(int64_t v);
+  int64_t loss_vocab() const { return loss_vocab_; }
   // bf16 mixed precision of the linear layers (FusedBackend::set_bf16_matmuls): their GEMMs
   // read bf16-rounded inputs and accumulate in fp32; master weights, AdamW, layer norms,
   // attention and the loss stay fp32. Reserves the backend's conversion buffer.
@@ -82,22 +101,27 @@ class FusedGpt {
   // idx, targets: (B, T) row-major token ids in [0, V) (host memory). Bad sizes or ids:
   // InvalidArgument naming the first bad position. Returns the mean loss (waits for it).
   Result<double> loss(const int32_t* idx, const int32_t* targets, size_t count);
+  // The loss of a batch (FusedBatch: mean or weighted), forward only.
+  Result<double> loss(const FusedBatch& batch);
   // One training step: forward, backward, global-norm clipping at grad_clip (0: none), AdamW
   // with learning rate lr. Only the loss and the norm come back to the host, at the end.
   Result<FusedStepResult> train_step(const int32_t* idx, const int32_t* targets, size_t count,
                                      double lr, const FusedOptimizer& opt, double grad_clip);
+  Result<FusedStepResult> train_step(const FusedBatch& batch, double lr, const FusedOptimizer& opt,
+                                     double grad_clip);
   // Forward and backward only (gradients stay in the gradient buffer); returns the loss.
   Result<double> forward_backward(const int32_t* idx, const int32_t* targets, size_t count);
+  Result<double> forward_backward(const FusedBatch& batch);
 
   // Host copies for tests and tools.
   std::vector<float> parameters_host();
   std::vector<float> gradients_host();
-  std::vector<float> logits_host();  // (B, T, V) of the last forward
+  std::vector<float> logits_host();  // (B, T, V) of the last forward, all V columns
 
  private:
   FusedGpt(const GptConfig& config, int64_t b, int64_t t, std::unique_ptr<FusedBackend> backend);
   Status allocate();
-  Status set_batch(const int32_t* idx, const int32_t* targets, size_t count);
+  Status set_batch(const FusedBatch& batch);
   void forward();
   void backward();
 
@@ -117,6 +141,8 @@ class FusedGpt {
   std::vector<BlockIndex> blocks_;
   int wte_ = 0, wpe_ = 1, lnfw_ = -1, lnfb_ = -1;
   int64_t steps_ = 0;
+  int64_t loss_vocab_ = 0;  // set to V by make()
+  bool weighted_ = false;   // the current batch has weights (a_.weights)
 
   std::vector<void*> owned_;  // every backend allocation, freed in ~FusedGpt
   float* params_ = nullptr;
@@ -125,8 +151,9 @@ class FusedGpt {
   float* v_ = nullptr;
 
   struct Activations {
-    int* idx = nullptr;      // (B, T)
-    int* targets = nullptr;  // (B, T)
+    int* idx = nullptr;        // (B, T)
+    int* targets = nullptr;    // (B, T)
+    float* weights = nullptr;  // (B, T), read when weighted_
     int* bucket_order = nullptr;
     int* bucket_starts = nullptr;
     int* bucket_tokens = nullptr;

@@ -86,8 +86,10 @@ TEST_CASE("fused GPT layout is models::Gpt's state dict, in order", "[models][fu
 TEST_CASE("fused GPT logits and loss equal the autograd GPT's", "[models][fused]") {
   const bool bias = GENERATE(false, true);
   const int64_t t = GENERATE(int64_t{8}, int64_t{5});  // full block and a shorter sequence
-  INFO("bias " << bias << " T " << t);
-  const GptConfig c = tiny(bias);
+  const bool causal = GENERATE(true, false);           // false: bidirectional (the MDLM's trunk)
+  INFO("bias " << bias << " T " << t << " causal " << causal);
+  GptConfig c = tiny(bias);
+  c.causal = causal;
   const int64_t b = 3;
   const auto sd = random_weights(c, 11);
   Gpt ref(c, 1);
@@ -111,8 +113,10 @@ TEST_CASE("fused GPT logits and loss equal the autograd GPT's", "[models][fused]
 
 TEST_CASE("fused GPT gradients match autograd for every parameter", "[models][fused]") {
   const bool bias = GENERATE(false, true);
-  INFO("bias " << bias);
-  const GptConfig c = tiny(bias);
+  const bool causal = GENERATE(true, false);
+  INFO("bias " << bias << " causal " << causal);
+  GptConfig c = tiny(bias);
+  c.causal = causal;
   const int64_t b = 4, t = 8;
   const auto sd = random_weights(c, 12);
   Gpt ref(c, 1);
@@ -300,12 +304,6 @@ TEST_CASE("fused GPT refuses what it cannot run", "[models][fused]") {
     REQUIRE(st.code() == StatusCode::kUnimplemented);
     CHECK_THAT(st.message(), Catch::Contains("model.dropout"));
   }
-  SECTION("bidirectional attention") {
-    c.causal = false;
-    const Status st = check_fused_gpt_config(c, 2, 8);
-    REQUIRE(st.code() == StatusCode::kUnimplemented);
-    CHECK_THAT(st.message(), Catch::Contains("model.causal"));
-  }
   SECTION("rope") {
     c.rope = true;
     const Status st = check_fused_gpt_config(c, 2, 8);
@@ -399,6 +397,97 @@ TEST_CASE("fused GPT steps are deterministic and overfit one batch", "[models][f
 
 namespace starling::models {
 namespace {
+
+TEST_CASE("weighted cross-entropy over a padded vocabulary matches float64", "[models][fused]") {
+  // Rows of VP = 7 logits, the softmax over the first V = 5; per-row weights; ignored rows.
+  const int n = 6, v = 5, vp = 7;
+  Rng rng(3);
+  std::vector<float> logits(static_cast<size_t>(n) * vp), weights(n);
+  for (auto& x : logits) x = static_cast<float>(rng.normal() * 2.0);
+  for (int j = v; j < vp; ++j) logits[2 * vp + j] = 50.0f;  // padding never enters the softmax
+  for (auto& w : weights) w = static_cast<float>(0.1 + rng.uniform());
+  const std::vector<int> targets = {0, 4, 2, -1, 3, -1};
+  auto backend = make_fused_cpu_backend();
+  std::vector<float> losses(n), dlogits(logits.size(), 123.0f);
+  float loss = 0.0f;
+  backend->cross_entropy_forward(losses.data(), &loss, logits.data(), targets.data(),
+                                 weights.data(), n, v, vp);
+  backend->cross_entropy_backward(dlogits.data(), logits.data(), targets.data(), weights.data(), n,
+                                  v, vp);
+  double want_loss = 0.0;
+  for (int r = 0; r < n; ++r) {
+    INFO("row " << r);
+    const float* row = logits.data() + static_cast<size_t>(r) * vp;
+    const float* d = dlogits.data() + static_cast<size_t>(r) * vp;
+    for (int j = v; j < vp; ++j) CHECK(d[j] == 0.0f);
+    if (targets[r] < 0) {
+      CHECK(losses[r] == 0.0f);
+      for (int j = 0; j < v; ++j) CHECK(d[j] == 0.0f);
+      continue;
+    }
+    double mx = row[0], s = 0.0;
+    for (int j = 1; j < v; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+    for (int j = 0; j < v; ++j) s += std::exp(row[j] - mx);
+    const double ce = mx + std::log(s) - row[targets[r]];
+    CHECK(losses[r] == Approx(ce).epsilon(1e-6));
+    want_loss += weights[r] * ce;
+    for (int j = 0; j < v; ++j) {
+      const double p = std::exp(row[j] - mx) / s;
+      CHECK(d[j] == Approx(weights[r] * (p - (j == targets[r] ? 1.0 : 0.0))).margin(1e-7));
+    }
+  }
+  CHECK(loss == Approx(want_loss).epsilon(1e-6));
+  // Without weights: the mean over all rows, as before (every target valid).
+  const std::vector<int> all = {0, 4, 2, 1, 3, 0};
+  backend->cross_entropy_forward(losses.data(), &loss, logits.data(), all.data(), nullptr, n, v,
+                                 vp);
+  double mean = 0.0;
+  for (int r = 0; r < n; ++r) mean += losses[r];
+  CHECK(loss == Approx(mean / n).epsilon(1e-6));
+}
+
+TEST_CASE("fused GPT weighted batches: loss vocabulary and ignored targets", "[models][fused]") {
+  // The weighted loss with weights 1/N on every position is the mean loss; a loss vocabulary
+  // below V leaves the head's extra rows without gradient from the loss.
+  GptConfig c = tiny(true);
+  const int64_t b = 2, t = 8;
+  const size_t n = static_cast<size_t>(b * t);
+  auto m = make_fused(c, b, t);
+  const auto x = random_tokens(n, c.vocab_size, 51), y = random_tokens(n, c.vocab_size, 52);
+  const std::vector<float> w(n, 1.0f / static_cast<float>(n));
+  auto mean = m->loss(x.data(), y.data(), n);
+  auto weighted = m->loss(FusedBatch{x.data(), y.data(), w.data(), n});
+  REQUIRE(mean.ok());
+  REQUIRE(weighted.ok());
+  CHECK(*weighted == Approx(*mean).epsilon(1e-6));
+  CHECK_FALSE(m->set_loss_vocab(0).ok());
+  CHECK_FALSE(m->set_loss_vocab(c.vocab_size + 1).ok());
+  REQUIRE(m->set_loss_vocab(c.vocab_size - 2).ok());
+  auto yl = y;
+  for (auto& e : yl) e = e % static_cast<int32_t>(c.vocab_size - 2);
+  yl[3] = -1;  // ignored: a weighted batch only
+  CHECK_THAT(m->loss(x.data(), yl.data(), n).status().message(), Catch::Contains("position 3"));
+  yl[4] = static_cast<int32_t>(c.vocab_size - 2);  // outside the loss vocabulary
+  CHECK_THAT(m->loss(FusedBatch{x.data(), yl.data(), w.data(), n}).status().message(),
+             Catch::Contains("position 4"));
+  yl[4] = 0;
+  // Inputs without the last two tokens: wte's rows V-2 and V-1 then get no gradient at all (the
+  // loss never reads their logits), while the other rows do.
+  auto xl = x;
+  for (auto& e : xl) e = e % static_cast<int32_t>(c.vocab_size - 2);
+  REQUIRE(m->forward_backward(FusedBatch{xl.data(), yl.data(), w.data(), n}).ok());
+  const auto g = m->gradients_host();
+  const int64_t C = c.n_embd;
+  double extra = 0.0, data_rows = 0.0;
+  for (int64_t tok = 0; tok < c.vocab_size; ++tok) {
+    for (int64_t j = 0; j < C; ++j) {
+      (tok >= c.vocab_size - 2 ? extra : data_rows) +=
+          std::abs(g[static_cast<size_t>(tok * C + j)]);
+    }
+  }
+  CHECK(extra == 0.0);
+  CHECK(data_rows > 0.0);
+}
 
 TEST_CASE("bf16 linear layers round GEMM inputs to nearest even and accumulate in fp32",
           "[models][fused]") {
