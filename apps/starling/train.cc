@@ -29,6 +29,7 @@
 #include "models/gpt/gpt.h"
 #include "models/gpt/trainer.h"
 #include "models/mdlm/checkpoint.h"
+#include "models/mdlm/fused_engine.h"
 #include "models/mdlm/trainer.h"
 
 namespace starling::apps {
@@ -220,7 +221,7 @@ Result<models::TrainSummary> train_gpt_ranks(const v1::RunConfig& cfg, const std
   return sum;
 }
 
-// --device cuda / --gpus: the GPU to train on (the fused GPT trainer), or nullopt for the CPU.
+// --device cuda / --gpus: the GPU to train on (the fused GPT / MDLM trainer), or nullopt for CPU.
 // Refused with the reason, never silently run on the CPU: a build without CUDA, no visible GPU,
 // an index that is not a visible GPU, or more than one GPU (data parallel on GPUs is not there
 // yet).
@@ -289,7 +290,8 @@ void register_train(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("!--no-overlap", ranks->overlap,
                 "With --ranks: all-reduce after backward instead of during it");
   cmd->add_option("--device", *device,
-                  "cpu (default) or cuda: GPT configs train with the fused engine on the GPU");
+                  "cpu (default) or cuda: GPT and MDLM configs train with the fused engine on the "
+                  "GPU");
   cmd->add_option("--gpus", *gpus,
                   "GPU index to train on (implies --device cuda), e.g. 0; one GPU for now");
   cmd->callback([&ctx, config_path, sets, ranks, device, gpus]() {
@@ -301,7 +303,8 @@ void register_train(CLI::App& app, CommandContext& ctx) {
     if (Status st = config::validate_run_config(cfg, *config_path); !st.ok()) {
       return fail(ctx, st.message());
     }
-    // The fused GPT engine: on the GPU (--device cuda / --gpus) or on the CPU (train.engine).
+    // The fused engine (GPT, or the plain MDLM): on the GPU (--device cuda / --gpus) or on the
+    // CPU (train.engine).
     if (gpu->has_value() || cfg.train().engine() == v1::TrainConfig::FUSED) {
       const std::string what =
           gpu->has_value() ? "--device cuda" : std::string("train.engine = \"fused\"");
@@ -309,15 +312,17 @@ void register_train(CLI::App& app, CommandContext& ctx) {
         return fail(ctx, what + " runs one replica: --ranks " + std::to_string(ranks->ranks) +
                              " is for the autograd engine on CPU threads");
       }
-      if (cfg.model().arch() != v1::ModelConfig::GPT) {
+      const bool mdlm = cfg.model().arch() == v1::ModelConfig::MDLM;
+      if (cfg.model().arch() != v1::ModelConfig::GPT && !mdlm) {
         return fail(ctx, *config_path + ": " + what +
-                             " trains model.arch = \"gpt\" only (the fused trainer); MDLM and "
-                             "DDPM train on the CPU autograd engine");
+                             " trains model.arch = \"gpt\" and \"mdlm\" only (the fused "
+                             "trainer); DDPM trains on the CPU autograd engine");
       }
       models::FusedTrainOptions fo;
       fo.cuda = gpu->has_value();
       fo.gpu = gpu->value_or(0);
-      auto res = models::train_gpt_fused(cfg, *config_path, fo);
+      auto res = mdlm ? models::train_mdlm_fused(cfg, *config_path, fo)
+                      : models::train_gpt_fused(cfg, *config_path, fo);
       if (!res.ok()) return fail(ctx, res.status().message());
       std::printf("trained %lld steps in %.1f s: val loss %.4f (best %.4f), %.0f tokens/s (%s)\n",
                   static_cast<long long>(res->iters), res->seconds, res->val_loss,

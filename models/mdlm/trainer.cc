@@ -38,12 +38,15 @@ std::string format_eta(double seconds) {
 
 }  // namespace
 
-double mdlm_eval_nelbo(Mdlm& model, std::span<const int32_t> tokens, int64_t num_seqs,
-                       int64_t batch, uint64_t seed, double* denoise_accuracy,
-                       std::optional<MaskSampling> masking) {
-  autograd::NoGradGuard ng;
-  const bool was_training = model.training();
-  model.train(false);
+namespace {
+
+// The evaluation loop shared by every mdlm_eval_nelbo: `num_seqs` windows evenly spaced over
+// `tokens`, one time (or masked count) per diffusion block from a shuffled even grid, masks drawn
+// from Rng(seed) by `model` (its weights are not read); `batch_loss` gives each batch's NELBO.
+Result<double> eval_batches(
+    const Mdlm& model, std::span<const int32_t> tokens, int64_t num_seqs, int64_t batch,
+    uint64_t seed, std::optional<MaskSampling> masking,
+    const std::function<Result<double>(const Tensor& x0, const NoisedBatch& noised)>& batch_loss) {
   const MdlmConfig& c = model.config();
   const int64_t len = c.block_size, nb = c.num_blocks(), units = num_seqs * nb;
   // Count masking evaluates with its own estimator (k masked per block from an even grid):
@@ -59,7 +62,6 @@ double mdlm_eval_nelbo(Mdlm& model, std::span<const int32_t> tokens, int64_t num
     std::swap(perm[i], perm[rng.below(static_cast<uint64_t>(i + 1))]);
   }
   double total = 0.0;
-  int64_t correct = 0, corrupted = 0;
   for (int64_t s0 = 0; s0 < num_seqs; s0 += batch) {
     const int64_t b = std::min(batch, num_seqs - s0);
     std::vector<int32_t> x(static_cast<size_t>(b * len));
@@ -75,28 +77,89 @@ double mdlm_eval_nelbo(Mdlm& model, std::span<const int32_t> tokens, int64_t num
     }
     const Tensor x0 = Tensor::from_vector(x, {b, len});
     const NoisedBatch noised = count ? model.corrupt_count(x0, t, rng) : model.corrupt(x0, t, rng);
-    total += model.loss(x0, noised.t, noised.xt).item() * static_cast<double>(b);
-    if (denoise_accuracy) {
-      const Tensor logits = model.forward(noised.xt, x0).contiguous();
-      const float* l = logits.data<float>();
-      const Tensor xt_c = noised.xt.contiguous();
-      const int32_t* xt = xt_c.data<int32_t>();
-      const int64_t V = c.vocab_size;
-      for (int64_t r = 0; r < b * len; ++r) {
-        if (xt[r] == x[static_cast<size_t>(r)]) continue;
-        const float* row = l + r * V;
-        const auto arg = std::max_element(row, row + V) - row;
-        correct += arg == x[static_cast<size_t>(r)] ? 1 : 0;
-        ++corrupted;
-      }
+    ASSIGN_OR_RETURN(const double loss, batch_loss(x0, noised));
+    total += loss * static_cast<double>(b);
+  }
+  return total / static_cast<double>(num_seqs);
+}
+
+// The default engine: the autograd Mdlm with core/optim's AdamW (or SGD), weight decay on the
+// matrices only.
+class AutogradMdlmEngine final : public MdlmEngine {
+ public:
+  AutogradMdlmEngine(const MdlmConfig& mc, const v1::TrainConfig& tc) : model_(mc, tc.seed()) {
+    auto groups = optim::decay_matrices_only(model_.parameters());
+    if (tc.optimizer() == v1::TrainConfig::SGD) {
+      opt_ = std::make_unique<optim::Sgd>(
+          groups, optim::SgdOptions{tc.momentum(), tc.weight_decay(), false});
+    } else {
+      opt_ = std::make_unique<optim::AdamW>(
+          groups, optim::AdamWOptions{tc.beta1(), tc.beta2(), 1e-8, tc.weight_decay()});
     }
   }
+  std::string describe() const override { return "autograd engine"; }
+  int64_t num_parameters() const override { return model_.num_parameters(); }
+  Result<Step> step(const Tensor& x0, Rng& noise_rng, double lr, double grad_clip) override {
+    Tensor loss = model_.loss(x0, noise_rng);
+    const double loss_v = loss.item();
+    if (!std::isfinite(loss_v)) return Step{loss_v, 0.0};  // the loop stops with the reason
+    autograd::backward(loss);
+    const double gnorm = optim::clip_grad_norm(model_.parameters(), grad_clip);
+    opt_->step(lr);
+    opt_->zero_grad();
+    return Step{loss_v, gnorm};
+  }
+  Result<double> eval_loss(const Tensor& x0, std::span<const double> t, const Tensor& xt) override {
+    autograd::NoGradGuard ng;
+    const bool was_training = model_.training();
+    model_.train(false);
+    const double loss = model_.loss(x0, t, xt).item();
+    model_.train(was_training);
+    return loss;
+  }
+  Result<const Mdlm*> host_model() override { return &model_; }
+
+ private:
+  Mdlm model_;
+  std::unique_ptr<optim::Optimizer> opt_;
+};
+
+}  // namespace
+
+double mdlm_eval_nelbo(Mdlm& model, std::span<const int32_t> tokens, int64_t num_seqs,
+                       int64_t batch, uint64_t seed, double* denoise_accuracy,
+                       std::optional<MaskSampling> masking) {
+  autograd::NoGradGuard ng;
+  const bool was_training = model.training();
+  model.train(false);
+  const int64_t V = model.config().vocab_size;
+  int64_t correct = 0, corrupted = 0;
+  const auto nelbo =
+      eval_batches(model, tokens, num_seqs, batch, seed, masking,
+                   [&](const Tensor& x0, const NoisedBatch& noised) -> Result<double> {
+                     const double loss = model.loss(x0, noised.t, noised.xt).item();
+                     if (denoise_accuracy) {
+                       const Tensor logits = model.forward(noised.xt, x0).contiguous();
+                       const float* l = logits.data<float>();
+                       const Tensor xt_c = noised.xt.contiguous();
+                       const int32_t* xt = xt_c.data<int32_t>();
+                       const int32_t* x = x0.data<int32_t>();  // from_vector: contiguous
+                       for (int64_t r = 0; r < x0.numel(); ++r) {
+                         if (xt[r] == x[r]) continue;
+                         const float* row = l + r * V;
+                         const auto arg = std::max_element(row, row + V) - row;
+                         correct += arg == x[r] ? 1 : 0;
+                         ++corrupted;
+                       }
+                     }
+                     return loss;
+                   });
   model.train(was_training);
   if (denoise_accuracy) {
     *denoise_accuracy =
         corrupted > 0 ? static_cast<double>(correct) / static_cast<double>(corrupted) : 0.0;
   }
-  return total / static_cast<double>(num_seqs);
+  return *nelbo;  // the autograd loss never fails
 }
 
 double mdlm_eval_full(Mdlm& model, std::span<const int32_t> tokens, int64_t batch,
@@ -106,7 +169,24 @@ double mdlm_eval_full(Mdlm& model, std::span<const int32_t> tokens, int64_t batc
   return mdlm_eval_nelbo(model, tokens, windows, batch, seed.value_or(kEvalSeed), nullptr, masking);
 }
 
-Result<TrainSummary> train_mdlm(const v1::RunConfig& cfg, const std::string& config_source) {
+Result<double> mdlm_eval_nelbo(const Mdlm& model, std::span<const int32_t> tokens, int64_t num_seqs,
+                               int64_t batch, uint64_t seed, const MdlmBatchLoss& batch_loss,
+                               std::optional<MaskSampling> masking) {
+  return eval_batches(model, tokens, num_seqs, batch, seed, masking,
+                      [&](const Tensor& x0, const NoisedBatch& noised) {
+                        return batch_loss(x0, noised.t, noised.xt);
+                      });
+}
+
+Result<double> mdlm_eval_full(const Mdlm& model, std::span<const int32_t> tokens, int64_t batch,
+                              const MdlmBatchLoss& batch_loss) {
+  const int64_t windows =
+      std::max<int64_t>(1, static_cast<int64_t>(tokens.size()) / model.config().block_size);
+  return mdlm_eval_nelbo(model, tokens, windows, batch, kEvalSeed, batch_loss);
+}
+
+Result<TrainSummary> train_mdlm(const v1::RunConfig& cfg, const std::string& config_source,
+                                const MdlmEngineFactory& make) {
   const auto& tc = cfg.train();
   if (tc.threads() > 0) omp_set_num_threads(tc.threads());
 
@@ -131,26 +211,27 @@ Result<TrainSummary> train_mdlm(const v1::RunConfig& cfg, const std::string& con
     return failed_precondition(config_source + ": train and val need at least block_size + 1 (" +
                                std::to_string(t + 1) + ") tokens each");
   }
-  Mdlm model(mc, tc.seed());
+  std::unique_ptr<MdlmEngine> engine;
+  if (make) {
+    ASSIGN_OR_RETURN(engine, make(mc, cfg), config_source);
+  } else {
+    engine = std::make_unique<AutogradMdlmEngine>(mc, tc);
+  }
   spdlog::info(
       "model: {} ({} noise, eps {:g}, {} masking, {} positions) L={} H={} C={} T={} V={}, {} "
-      "parameters ({:.2f}M), seed {}",
+      "parameters ({:.2f}M), seed {}; {}",
       mc.block_diffusion() ? fmt::format("block diffusion, blocks of {}", mc.block_length)
                            : std::string("MDLM"),
       mc.noise == DiffusionNoise::kAbsorbing ? "absorbing" : "uniform", mc.eps,
       mc.masking == MaskSampling::kCount ? (mc.antithetic ? "antithetic count" : "count")
                                          : "bernoulli",
       mc.rope ? "rope" : "learned", mc.n_layer, mc.n_head, mc.n_embd, mc.block_size, mc.vocab_size,
-      model.num_parameters(), static_cast<double>(model.num_parameters()) / 1e6, tc.seed());
-  std::unique_ptr<optim::Optimizer> opt;
-  auto groups = optim::decay_matrices_only(model.parameters());
-  if (tc.optimizer() == v1::TrainConfig::SGD) {
-    opt = std::make_unique<optim::Sgd>(groups,
-                                       optim::SgdOptions{tc.momentum(), tc.weight_decay(), false});
-  } else {
-    opt = std::make_unique<optim::AdamW>(
-        groups, optim::AdamWOptions{tc.beta1(), tc.beta2(), 1e-8, tc.weight_decay()});
-  }
+      engine->num_parameters(), static_cast<double>(engine->num_parameters()) / 1e6, tc.seed(),
+      engine->describe());
+  const MdlmBatchLoss eval_loss = [&](const Tensor& x0, std::span<const double> times,
+                                      const Tensor& xt) {
+    return engine->eval_loss(x0, times, xt);
+  };
   const optim::CosineSchedule sched{tc.learning_rate(), tc.min_lr(), tc.warmup_iters(),
                                     tc.lr_decay_iters()};
 
@@ -177,10 +258,16 @@ Result<TrainSummary> train_mdlm(const v1::RunConfig& cfg, const std::string& con
     const bool eval_now =
         (tc.eval_interval() > 0 && it % tc.eval_interval() == 0) || it == max_iters;
     if (eval_now) {
-      const double tr =
-          mdlm_eval_nelbo(model, ds.tokens(data::Split::kTrain), eval_seqs, b, kEvalSeed);
-      const double va =
-          mdlm_eval_nelbo(model, ds.tokens(data::Split::kVal), eval_seqs, b, kEvalSeed);
+      ASSIGN_OR_RETURN(const Mdlm* model, engine->host_model(),
+                       "evaluation at step " + std::to_string(it));
+      ASSIGN_OR_RETURN(const double tr,
+                       mdlm_eval_nelbo(*model, ds.tokens(data::Split::kTrain), eval_seqs, b,
+                                       kEvalSeed, eval_loss),
+                       "evaluation at step " + std::to_string(it));
+      ASSIGN_OR_RETURN(
+          const double va,
+          mdlm_eval_nelbo(*model, ds.tokens(data::Split::kVal), eval_seqs, b, kEvalSeed, eval_loss),
+          "evaluation at step " + std::to_string(it));
       sum.train_loss = tr;
       sum.val_loss = va;
       spdlog::info("step {}: train NELBO {:.4f} ({:.4f} bpc), val NELBO {:.4f} ({:.4f} bpc)", it,
@@ -193,24 +280,22 @@ Result<TrainSummary> train_mdlm(const v1::RunConfig& cfg, const std::string& con
       if (it > 0 && va < sum.best_val_loss) {
         sum.best_val_loss = va;
         RETURN_IF_ERROR(
-            save_mdlm_checkpoint(out_dir / "best.safetensors", model, cfg, *tokenizer, info));
+            save_mdlm_checkpoint(out_dir / "best.safetensors", *model, cfg, *tokenizer, info));
       }
-      RETURN_IF_ERROR(save_mdlm_checkpoint(sum.checkpoint, model, cfg, *tokenizer, info));
+      RETURN_IF_ERROR(save_mdlm_checkpoint(sum.checkpoint, *model, cfg, *tokenizer, info));
     }
     if (it == max_iters) break;
 
     const auto s0 = Clock::now();
     ASSIGN_OR_RETURN(data::Batch batch, ds.get_batch(data::Split::kTrain, b, t, batch_rng));
-    Tensor loss = model.loss(batch.x, noise_rng);
-    const double loss_v = loss.item();
+    ASSIGN_OR_RETURN(const MdlmEngine::Step step,
+                     engine->step(batch.x, noise_rng, lr, tc.grad_clip()),
+                     "step " + std::to_string(it));
+    const double loss_v = step.loss, gnorm = step.grad_norm;
     if (!std::isfinite(loss_v)) {
       return internal_error("training diverged at step " + std::to_string(it) + ": loss is " +
                             std::to_string(loss_v) + " (lower train.learning_rate?)");
     }
-    autograd::backward(loss);
-    const double gnorm = optim::clip_grad_norm(model.parameters(), tc.grad_clip());
-    opt->step(lr);
-    opt->zero_grad();
     const double step_seconds = std::chrono::duration<double>(Clock::now() - s0).count();
     train_seconds += step_seconds;
     window_seconds += step_seconds;
@@ -227,7 +312,7 @@ Result<TrainSummary> train_mdlm(const v1::RunConfig& cfg, const std::string& con
           format_eta(per_iter * static_cast<double>(max_iters - it - 1)));
       metrics << "{\"event\":\"train\",\"iter\":" << it << ",\"loss\":" << loss_v
               << ",\"lr\":" << lr << ",\"grad_norm\":" << gnorm << ",\"tokens_per_s\":" << tps
-              << "}\n";
+              << engine->metrics_fields() << "}\n";
       window_seconds = 0.0;
       window_tokens = 0;
     }
@@ -235,7 +320,10 @@ Result<TrainSummary> train_mdlm(const v1::RunConfig& cfg, const std::string& con
 
   // The whole validation split once: every non-overlapping window, one stratified time each.
   const int64_t full_seqs = std::max<int64_t>(1, ds.val_size() / t);
-  const double full = mdlm_eval_full(model, ds.tokens(data::Split::kVal), b);
+  ASSIGN_OR_RETURN(const Mdlm* final_model, engine->host_model(), "final evaluation");
+  ASSIGN_OR_RETURN(const double full,
+                   mdlm_eval_full(*final_model, ds.tokens(data::Split::kVal), b, eval_loss),
+                   "final evaluation");
   spdlog::info("final: val NELBO over {} windows of {} tokens: {:.4f} nats/token, {:.4f} bpc",
                full_seqs, t, full, full / kLn2);
   metrics << "{\"event\":\"final\",\"iter\":" << sum.iters << ",\"val_loss_full\":" << full
@@ -245,10 +333,10 @@ Result<TrainSummary> train_mdlm(const v1::RunConfig& cfg, const std::string& con
   sum.tokens_per_second =
       train_seconds > 0 ? static_cast<double>(sum.iters * b * t) / train_seconds : 0.0;
   spdlog::info(
-      "done: {} steps in {:.1f} s ({:.0f} tok/s training), val NELBO {:.4f} ({:.4f} bpc), "
+      "done: {} steps in {:.1f} s ({:.0f} tok/s training, {}), val NELBO {:.4f} ({:.4f} bpc), "
       "checkpoint {}",
-      sum.iters, sum.seconds, sum.tokens_per_second, sum.val_loss, sum.val_loss / kLn2,
-      sum.checkpoint.string());
+      sum.iters, sum.seconds, sum.tokens_per_second, engine->describe(), sum.val_loss,
+      sum.val_loss / kLn2, sum.checkpoint.string());
   return sum;
 }
 

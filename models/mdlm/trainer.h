@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -38,11 +40,57 @@ double mdlm_eval_full(Mdlm& model, std::span<const int32_t> tokens, int64_t batc
                       std::optional<uint64_t> seed = std::nullopt,
                       std::optional<MaskSampling> masking = std::nullopt);
 
+// The NELBO of one corrupted batch: x0, xt (b, T) i32 and one time per diffusion block, as
+// Mdlm::loss(x0, t, xt) in eval mode without gradients.
+using MdlmBatchLoss =
+    std::function<Result<double>(const Tensor& x0, std::span<const double> t, const Tensor& xt)>;
+// mdlm_eval_nelbo and mdlm_eval_full with each batch's NELBO from `batch_loss` (an engine's) and
+// `model` drawing the times and masks only (its weights are not read): the same windows, times,
+// masks and therefore the same value as the autograd versions for the same weights.
+Result<double> mdlm_eval_nelbo(const Mdlm& model, std::span<const int32_t> tokens, int64_t num_seqs,
+                               int64_t batch, uint64_t seed, const MdlmBatchLoss& batch_loss,
+                               std::optional<MaskSampling> masking = std::nullopt);
+Result<double> mdlm_eval_full(const Mdlm& model, std::span<const int32_t> tokens, int64_t batch,
+                              const MdlmBatchLoss& batch_loss);
+
+// The engine under train_mdlm's loop (GptEngine's counterpart): one training step and the NELBO
+// of an evaluation batch. The loop owns data, batches, the noise stream, schedule, evaluation,
+// logs, metrics and checkpoints; the default engine is the autograd Mdlm with core/optim,
+// models/mdlm/fused_engine.h has the fused one (CPU or CUDA).
+class MdlmEngine {
+ public:
+  struct Step {
+    double loss = 0.0;       // the step's NELBO estimate, before the update
+    double grad_norm = 0.0;  // before clipping
+  };
+  virtual ~MdlmEngine() = default;
+  // Appended to the "model: ..." log line, e.g. "fused engine on cuda:0".
+  virtual std::string describe() const = 0;
+  virtual int64_t num_parameters() const = 0;
+  // One optimizer step on clean sequences x0 (B, T) i32: the corruption drawn from `noise_rng`
+  // exactly as Mdlm::loss(x0, noise_rng) draws it, gradients clipped to `grad_clip` (0: none),
+  // then the update at `lr`. A non-finite loss is returned as such (the loop stops on it).
+  virtual Result<Step> step(const Tensor& x0, Rng& noise_rng, double lr, double grad_clip) = 0;
+  // The NELBO of a corrupted batch of at most B rows (MdlmBatchLoss), eval mode, no gradients.
+  virtual Result<double> eval_loss(const Tensor& x0, std::span<const double> t,
+                                   const Tensor& xt) = 0;
+  // The current weights as a host Mdlm, for checkpoints and for drawing evaluation masks (valid
+  // until the next step).
+  virtual Result<const Mdlm*> host_model() = 0;
+  // Extra JSON fields for the metrics' train lines (",\"engine\":\"fused\"..."), or "".
+  virtual std::string metrics_fields() const { return ""; }
+};
+// Builds the engine once the tokenizer fixed the vocabulary.
+using MdlmEngineFactory =
+    std::function<Result<std::unique_ptr<MdlmEngine>>(const MdlmConfig&, const v1::RunConfig&)>;
+
 // Trains the MDLM described by `config` (model.arch = MDLM; read from `config_source`, named in
 // errors). Writes <out_dir>/ckpt.safetensors (last), best.safetensors (lowest val NELBO),
 // metrics.jsonl and config.toml. TrainSummary losses are NELBO in nats per token; the logs and
-// metrics also give them in bits per token (bits per character for the char tokenizer).
-Result<TrainSummary> train_mdlm(const v1::RunConfig& config, const std::string& config_source);
+// metrics also give them in bits per token (bits per character for the char tokenizer). `make`
+// builds the engine (empty: the autograd Mdlm with core/optim's AdamW or SGD).
+Result<TrainSummary> train_mdlm(const v1::RunConfig& config, const std::string& config_source,
+                                const MdlmEngineFactory& make = {});
 
 // Loads an MDLM checkpoint and draws `num_samples` sequences of block_size tokens with the
 // ancestral sampler (cached when [diffusion].cached_sampler), `steps` steps (<= 0: the

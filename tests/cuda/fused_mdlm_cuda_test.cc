@@ -1,0 +1,212 @@
+// [cuda] What the fused MDLM adds to the CUDA backend, against the CPU backend (the oracle):
+// bidirectional attention, the weighted cross-entropy over a padded vocabulary, and FusedMdlm's
+// gradients and training steps.
+#include <catch2/catch.hpp>
+#include <vector>
+
+#include "models/gpt/fused_backend.h"
+#include "models/mdlm/fused_engine.h"
+#include "tests/cuda/cuda_testing.h"
+
+namespace starling::cuda {
+namespace {
+
+using models::FusedBackend;
+using testing::random_floats;
+using testing::require_close;
+
+std::vector<double> as_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// Backend buffers freed with the arena.
+class Arena {
+ public:
+  explicit Arena(FusedBackend& be) : be_(be) {}
+  ~Arena() {
+    for (void* p : owned_) be_.free(p);
+  }
+  template <typename T>
+  T* put(const std::vector<T>& host) {
+    T* p = make<T>(host.size());
+    be_.copy_to_backend(p, host.data(), host.size() * sizeof(T));
+    return p;
+  }
+  template <typename T>
+  T* make(size_t n) {
+    auto p = be_.alloc(n * sizeof(T));
+    REQUIRE(p.ok());
+    owned_.push_back(*p);
+    return static_cast<T*>(*p);
+  }
+  template <typename T>
+  std::vector<T> get(const T* p, size_t n) {
+    std::vector<T> out(n);
+    be_.copy_to_host(out.data(), p, n * sizeof(T));
+    return out;
+  }
+
+ private:
+  FusedBackend& be_;
+  std::vector<void*> owned_;
+};
+
+std::unique_ptr<FusedBackend> cuda_backend() {
+  auto r = models::make_fused_cuda_backend(0);
+  REQUIRE(r.ok());
+  return std::move(*r);
+}
+
+TEST_CASE("fused backend attention, causal and bidirectional, matches the CPU backend", "[cuda]") {
+  STARLING_REQUIRE_GPU();
+  const auto [b, t, c, h] = GENERATE(
+      table<int, int, int, int>({{1, 1, 4, 1}, {2, 5, 12, 3}, {1, 33, 16, 2}, {3, 70, 48, 6}}));
+  const bool causal = GENERATE(false, true);
+  INFO("B " << b << " T " << t << " C " << c << " H " << h << " causal " << causal);
+  const size_t nqkv = size_t(b) * t * 3 * c, nout = size_t(b) * t * c, natt = size_t(b) * h * t * t;
+  const auto qkv = random_floats(nqkv, 1), dout = random_floats(nout, 2);
+  std::vector<float> out[2], att[2], dqkv[2];
+  auto cpu = models::make_fused_cpu_backend();
+  auto gpu = cuda_backend();
+  FusedBackend* backends[2] = {cpu.get(), gpu.get()};
+  for (int i = 0; i < 2; ++i) {
+    Arena a(*backends[i]);
+    float* q = a.put(qkv);
+    float* d = a.put(dout);
+    float* o = a.make<float>(nout);
+    float* p = a.make<float>(natt);
+    float* s = a.make<float>(natt);
+    float* g = a.make<float>(nqkv);
+    backends[i]->attention_forward(o, p, q, b, t, c, h, causal);
+    backends[i]->attention_backward(g, s, d, q, p, b, t, c, h);
+    out[i] = a.get(o, nout);
+    att[i] = a.get(p, natt);
+    dqkv[i] = a.get(g, nqkv);
+  }
+  require_close(out[1], as_double(out[0]));
+  require_close(att[1], as_double(att[0]));
+  require_close(dqkv[1], as_double(dqkv[0]));
+  if (!causal && t > 1) {  // every key is seen: no probability above the diagonal is 0
+    CHECK(att[0][1] > 0.0f);
+  }
+}
+
+TEST_CASE("weighted cross-entropy over a padded vocabulary matches the CPU backend", "[cuda]") {
+  STARLING_REQUIRE_GPU();
+  const auto [n, v, vp] =
+      GENERATE(table<int, int, int>({{1, 2, 3}, {7, 65, 66}, {13, 1001, 1001}, {9, 2051, 2056}}));
+  const bool weighted = GENERATE(true, false);
+  INFO("N " << n << " V " << v << " VP " << vp << " weighted " << weighted);
+  const auto logits = random_floats(size_t(n) * vp, 3, 3.0);
+  auto weights = random_floats(size_t(n), 4);
+  for (auto& w : weights) w = std::abs(w) + 0.01f;
+  Rng rng(5);
+  std::vector<int> targets(n);
+  for (auto& e : targets) e = static_cast<int>(rng.below(static_cast<uint64_t>(v)));
+  if (weighted && n > 2) targets[2] = -1;  // ignored rows: the weighted loss only
+  std::vector<float> losses[2], loss[2], dlogits[2];
+  auto cpu = models::make_fused_cpu_backend();
+  auto gpu = cuda_backend();
+  FusedBackend* backends[2] = {cpu.get(), gpu.get()};
+  for (int i = 0; i < 2; ++i) {
+    Arena a(*backends[i]);
+    float* l = a.put(logits);
+    int* tg = a.put(targets);
+    float* w = weighted ? a.put(weights) : nullptr;
+    float* ls = a.make<float>(size_t(n));
+    float* lo = a.make<float>(1);
+    float* dl = a.put(std::vector<float>(logits.size(), 7.0f));  // overwritten everywhere
+    backends[i]->cross_entropy_forward(ls, lo, l, tg, w, n, v, vp);
+    backends[i]->cross_entropy_backward(dl, l, tg, w, n, v, vp);
+    losses[i] = a.get(ls, size_t(n));
+    loss[i] = a.get(lo, 1);
+    dlogits[i] = a.get(dl, logits.size());
+  }
+  require_close(losses[1], as_double(losses[0]));
+  require_close(loss[1], as_double(loss[0]));
+  require_close(dlogits[1], as_double(dlogits[0]));
+  for (int r = 0; r < n; ++r) {
+    for (int j = v; j < vp; ++j) CHECK(dlogits[1][size_t(r) * vp + j] == 0.0f);
+  }
+}
+
+models::MdlmConfig mdlm_shape(int which) {
+  models::MdlmConfig c;
+  if (which == 0) {  // tiny, with biases, odd sizes, antithetic count masks
+    c.vocab_size = 29;
+    c.block_size = 16;
+    c.n_layer = 2;
+    c.n_head = 2;
+    c.n_embd = 34;
+    c.bias = true;
+    c.masking = models::MaskSampling::kCount;
+    c.antithetic = true;
+  } else {  // configs/mdlm_char_cpu.toml's shape
+    c.vocab_size = 65;
+    c.block_size = 64;
+    c.n_layer = 4;
+    c.n_head = 4;
+    c.n_embd = 128;
+  }
+  return c;
+}
+
+std::unique_ptr<models::FusedMdlm> make_mdlm(const models::MdlmConfig& c, int64_t b, bool gpu) {
+  auto m =
+      models::FusedMdlm::make(c, b, 1, gpu ? cuda_backend() : models::make_fused_cpu_backend());
+  REQUIRE(m.ok());
+  return std::move(*m);
+}
+
+Tensor random_x0(int64_t b, const models::MdlmConfig& c, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> x(static_cast<size_t>(b * c.block_size));
+  for (auto& e : x) e = static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.vocab_size)));
+  return Tensor::from_vector(x, {b, c.block_size});
+}
+
+TEST_CASE("fused MDLM on CUDA: gradients and 10 steps match the CPU backend", "[cuda]") {
+  STARLING_REQUIRE_GPU();
+  const int which = GENERATE(0, 1);
+  INFO("shape " << which);
+  const auto c = mdlm_shape(which);
+  const int64_t b = 8;
+  auto cpu = make_mdlm(c, b, false);  // both from models::Mdlm(c, 1)'s initialization
+  auto gpu = make_mdlm(c, b, true);
+  // One corrupted batch: loss, logits and every gradient.
+  const Tensor x0 = random_x0(b, c, 11);
+  Rng r_cpu(12);
+  const auto dc = cpu->draw(x0, r_cpu);
+  auto lc = cpu->forward_backward(dc.x0, dc.noised.t, dc.noised.xt);
+  auto lg = gpu->forward_backward(dc.x0, dc.noised.t, dc.noised.xt);
+  REQUIRE(lc.ok());
+  REQUIRE(lg.ok());
+  CHECK(*lg == Approx(*lc).epsilon(1e-5));
+  testing::require_close(gpu->trunk().logits_host(), as_double(cpu->trunk().logits_host()), 1e-4);
+  const auto gc = cpu->trunk().gradients_host(), gg = gpu->trunk().gradients_host();
+  for (const auto& p : cpu->trunk().layout()) {
+    INFO(p.name);
+    const auto off = static_cast<std::ptrdiff_t>(p.offset);
+    const auto len = static_cast<std::ptrdiff_t>(p.numel);
+    require_close(std::vector<float>(gg.begin() + off, gg.begin() + off + len),
+                  as_double(std::vector<float>(gc.begin() + off, gc.begin() + off + len)), 1e-4);
+  }
+  // Ten steps with the same data and noise streams.
+  const models::FusedOptimizer opt{0.9, 0.99, 1e-8, 0.1};
+  Rng n_cpu(13), n_gpu(13);
+  for (int it = 0; it < 10; ++it) {
+    INFO("step " << it);
+    const Tensor x = random_x0(b, c, 100 + static_cast<uint64_t>(it));
+    auto sc = cpu->train_step(x, n_cpu, 3e-3, opt, 1.0);
+    auto sg = gpu->train_step(x, n_gpu, 3e-3, opt, 1.0);
+    REQUIRE(sc.ok());
+    REQUIRE(sg.ok());
+    CHECK(std::abs(sg->loss - sc->loss) <= 1e-3 * std::max(1.0, sc->loss));
+    CHECK(sg->grad_norm == Approx(sc->grad_norm).epsilon(1e-3));
+  }
+  // The host model sees the GPU's weights.
+  auto host = gpu->host_model();
+  REQUIRE(host.ok());
+  CHECK((*host)->state_dict().size() == gpu->trunk().layout().size());
+}
+
+}  // namespace
+}  // namespace starling::cuda
