@@ -2,7 +2,8 @@
 # The GPU machine's check, run from anywhere in the repository: configures the cuda preset,
 # builds the CUDA tests and benchmarks, runs `ctest -L cuda` (kernels, codecs, the fused GPT
 # trainer's CUDA backend), the CPU communicator tests, cuda_bench, cuda_codec_bench and
-# gpt_train_bench (fused GPT vs PyTorch), and appends date, commit, GPU and results to
+# gpt_train_bench (fused GPT vs PyTorch), `starling train --device cuda` for the GPT and the MDLM
+# (the MDLM beside PyTorch's MDLM step), and appends date, commit, GPU and results to
 # bench/RESULTS.md (also copied to $OUT when set, with the logs). Needs carry/ from
 # bench/make_carry.sh where the machine lacks standalone Asio, toml++ or Catch2 v2. Env:
 # CUDA_ARCH (default 90), JOBS (default nproc), BUILD_DIR (default build/cuda), TORCH_PYTHON
@@ -104,6 +105,22 @@ step train_cuda "$build/apps/starling" train -c configs/gpt_char_cpu.toml --devi
   "${data_args[@]}"
 step sample_cuda_ckpt "$build/apps/starling" sample "$build/train_cuda/ckpt.safetensors" -n 100
 
+# The MDLM on the GPU (issue 8): `starling train --device cuda` on the char shape of
+# ../shared/bench/REFERENCE.md (V=65, T=256, L=6, H=6, C=384, B=64, bidirectional, bf16 linear
+# layers), 100 steps; its training tokens/s beside PyTorch's MDLM step (bench/torch_gpt.py --mdlm,
+# eager, bf16 autocast) on the same shape; the checkpoint evaluated and sampled back on the CPU.
+mdlm_shape=(--set model.block_size=256 --set model.n_layer=6 --set model.n_head=6
+  --set model.n_embd=384 --set train.batch_size=64)
+step mdlm_train_cuda "$build/apps/starling" train -c configs/mdlm_char_cpu.toml --device cuda \
+  "${mdlm_shape[@]}" --set train.precision=bf16 --set train.max_iters=100 \
+  --set train.warmup_iters=10 --set train.lr_decay_iters=100 --set train.eval_interval=1000 \
+  --set train.eval_iters=2 --set train.log_interval=20 --set "train.out_dir=$build/mdlm_cuda" \
+  "${data_args[@]}"
+step mdlm_torch_cuda "${TORCH_PYTHON:-python3}" bench/torch_gpt.py --mdlm --device cuda --bf16 \
+  --vocab 65 --block 256 --layers 6 --heads 6 --embd 384 --batch 64 --warmup 5 --steps 50
+step mdlm_eval_ckpt "$build/apps/starling" eval "$build/mdlm_cuda/ckpt.safetensors"
+step mdlm_sample_ckpt "$build/apps/starling" sample "$build/mdlm_cuda/ckpt.safetensors" --steps 32
+
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
@@ -122,6 +139,8 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
   grep -E '^(GPU:|\||ratio:)' "$logs/gpt_train_bench.log" 2>/dev/null || echo "(gpt_train_bench did not run)"
   echo
   echo "starling train --device cuda (configs/gpt_char_cpu.toml, 200 steps): $(grep -E '^trained' "$logs/train_cuda.log" 2>/dev/null || echo 'did not finish')"
+  echo
+  echo "MDLM, char shape (T=256 L=6 H=6 C=384 B=64), bf16: starling train --device cuda: $(grep -E '^trained' "$logs/mdlm_train_cuda.log" 2>/dev/null || echo 'did not finish'); PyTorch: $(tail -1 "$logs/mdlm_torch_cuda.log" 2>/dev/null || echo 'did not run'); eval: $(grep -E '^val:' "$logs/mdlm_eval_ckpt.log" 2>/dev/null || echo 'did not run')"
 } >> bench/RESULTS.md
 if [ -n "${OUT:-}" ]; then cp -r bench/RESULTS.md "$logs" "$OUT/"; fi
 echo "gpu_check: $status"
