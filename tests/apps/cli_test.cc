@@ -183,9 +183,9 @@ TEST_CASE("cli: train.engine = fused trains the same GPT as the autograd engine"
   REQUIRE(fp32_only.rc != 0);
   REQUIRE_THAT(fp32_only.out, Catch::Contains("fp32 only"));
   // MDLM configs train on the fused engine too (models/mdlm/fused_engine.h).
-  Run mdlm = run("train -c " + (d / "fused.toml").string() +
-                 " --set model.arch=mdlm --set model.causal=false --set train.out_dir=" +
-                 (d / "fm").string());
+  Run mdlm = run(
+      "train -c " + (d / "fused.toml").string() +
+      " --set model.arch=mdlm --set model.causal=false --set train.out_dir=" + (d / "fm").string());
   INFO(mdlm.out);
   REQUIRE(mdlm.rc == 0);
   REQUIRE(fs::exists(d / "fm" / "ckpt.safetensors"));
