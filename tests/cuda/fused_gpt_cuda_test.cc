@@ -9,6 +9,7 @@
 #include "core/optim/optimizer.h"
 #include "models/gpt/fused_gpt.h"
 #include "tests/cuda/cuda_testing.h"
+#include "tests/testing/fused_weights.h"
 
 namespace starling::cuda {
 namespace {
@@ -143,17 +144,6 @@ models::GptConfig shape(int which) {
   return c;
 }
 
-io::StateDict random_weights(const models::GptConfig& c, uint64_t seed) {
-  Rng rng(seed);
-  io::StateDict sd;
-  for (const auto& p : models::fused_gpt_layout(c)) {
-    const bool ln_weight =
-        p.name.find("ln_") != std::string::npos && p.name.find(".weight") != std::string::npos;
-    sd.emplace_back(p.name, Tensor::randn(p.shape, rng, 0.1, ln_weight ? 1.0 : 0.0));
-  }
-  return sd;
-}
-
 std::unique_ptr<FusedGpt> make(const models::GptConfig& c, int64_t b, bool gpu) {
   std::unique_ptr<models::FusedBackend> backend;
   if (gpu) {
@@ -174,7 +164,7 @@ TEST_CASE("fused GPT on CUDA: gradients match the CPU backend", "[cuda]") {
   const auto c = shape(which);
   const int64_t b = 4;
   INFO("shape " << which);
-  const auto sd = random_weights(c, 10);
+  const auto sd = starling::testing::random_fused_weights(c, 10, 0.1);
   auto cpu = make(c, b, false);
   auto gpu = make(c, b, true);
   REQUIRE(cpu->load(sd).ok());

@@ -13,6 +13,8 @@
 #include "core/io/safetensors.h"
 #include "models/gpt/fused_trainer.h"
 #include "models/gpt/trainer.h"
+#include "tests/testing/fused_weights.h"
+#include "tests/testing/tiny_runs.h"
 
 namespace starling::models {
 namespace {
@@ -26,19 +28,6 @@ GptConfig tiny(bool bias) {
   c.n_embd = 16;
   c.bias = bias;
   return c;
-}
-
-// Random weights for every tensor (LayerNorm weights around 1, biases nonzero), so that no
-// gradient is trivially zero or one.
-io::StateDict random_weights(const GptConfig& c, uint64_t seed) {
-  Rng rng(seed);
-  io::StateDict sd;
-  for (const auto& p : fused_gpt_layout(c)) {
-    const bool ln_weight = p.name.find("ln_") != std::string::npos && p.name.size() > 7 &&
-                           p.name.substr(p.name.size() - 7) == ".weight";
-    sd.emplace_back(p.name, Tensor::randn(p.shape, rng, 0.2, ln_weight ? 1.0 : 0.0));
-  }
-  return sd;
 }
 
 std::vector<int32_t> random_tokens(size_t n, int64_t v, uint64_t seed) {
@@ -91,7 +80,7 @@ TEST_CASE("fused GPT logits and loss equal the autograd GPT's", "[models][fused]
   GptConfig c = tiny(bias);
   c.causal = causal;
   const int64_t b = 3;
-  const auto sd = random_weights(c, 11);
+  const auto sd = testing::random_fused_weights(c, 11);
   Gpt ref(c, 1);
   REQUIRE(ref.load(sd).ok());
   auto fused = make_fused(c, b, t);
@@ -118,7 +107,7 @@ TEST_CASE("fused GPT gradients match autograd for every parameter", "[models][fu
   GptConfig c = tiny(bias);
   c.causal = causal;
   const int64_t b = 4, t = 8;
-  const auto sd = random_weights(c, 12);
+  const auto sd = testing::random_fused_weights(c, 12);
   Gpt ref(c, 1);
   REQUIRE(ref.load(sd).ok());
   auto fused = make_fused(c, b, t);
@@ -145,18 +134,8 @@ TEST_CASE("fused GPT gradients match autograd for every parameter", "[models][fu
   }
 }
 
-// A text of n characters from a small alphabet with some structure to learn.
-std::string corpus(size_t n) {
-  const std::string words[] = {"the ", "cat ", "sat ", "on ", "a ", "mat.\n", "dog ", "ran "};
-  Rng rng(5);
-  std::string s;
-  while (s.size() < n) s += words[rng.below(8)];
-  return s;
-}
-
 v1::RunConfig tiny_run(const std::filesystem::path& dir, const std::string& out) {
-  std::ofstream(dir / "text.txt") << corpus(4000);
-  const std::string toml = R"(
+  return testing::tiny_text_run(dir, out, R"(
 [model]
 arch = "gpt"
 block_size = 16
@@ -164,43 +143,7 @@ n_layer = 2
 n_head = 2
 n_embd = 32
 bias = true
-[data]
-path = ")" + (dir / "text.txt").string() +
-                           R"("
-data_dir = ")" + dir.string() +
-                           R"("
-tokenizer = "char"
-val_fraction = 0.2
-[train]
-batch_size = 4
-max_iters = 10
-learning_rate = 3e-3
-min_lr = 3e-4
-warmup_iters = 3
-lr_decay_iters = 8
-weight_decay = 0.1
-grad_clip = 0.5
-eval_interval = 5
-eval_iters = 2
-log_interval = 1
-seed = 99
-threads = 1
-out_dir = ")" + (dir / out).string() +
-                           R"("
-)";
-  v1::RunConfig cfg;
-  const Status st = config::parse_toml(toml, "fused_gpt_test.toml", &cfg);
-  INFO(st.message());
-  REQUIRE(st.ok());
-  return cfg;
-}
-
-std::vector<nlohmann::json> read_metrics(const std::filesystem::path& p) {
-  std::ifstream f(p);
-  std::vector<nlohmann::json> out;
-  std::string line;
-  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
+)");
 }
 
 TEST_CASE("10 fused training steps give train_gpt's losses", "[models][fused]") {
@@ -214,33 +157,11 @@ TEST_CASE("10 fused training steps give train_gpt's losses", "[models][fused]") 
   auto rf = train_gpt_fused(cfg_f, "fused.toml", FusedTrainOptions{});
   INFO(rf.status().message());
   REQUIRE(rf.ok());
-  const auto ma = read_metrics(dir / "autograd" / "metrics.jsonl");
-  const auto mf = read_metrics(dir / "fused" / "metrics.jsonl");
-  REQUIRE(ma.size() == mf.size());
-  int train_lines = 0, clipped = 0;
-  for (size_t i = 0; i < ma.size(); ++i) {
-    INFO("line " << i << ": " << ma[i].dump() << " vs " << mf[i].dump());
-    REQUIRE(ma[i]["event"] == mf[i]["event"]);
-    REQUIRE(ma[i]["iter"] == mf[i]["iter"]);
-    if (ma[i]["event"] == "train") {
-      ++train_lines;
-      CHECK(std::abs(ma[i]["loss"].get<double>() - mf[i]["loss"].get<double>()) <= 1e-4);
-      CHECK(ma[i]["lr"].get<double>() == mf[i]["lr"].get<double>());
-      CHECK(mf[i]["grad_norm"].get<double>() ==
-            Approx(ma[i]["grad_norm"].get<double>()).epsilon(1e-4));
-      if (ma[i]["grad_norm"].get<double>() > 0.5) ++clipped;
-    } else if (ma[i]["event"] == "final") {  // the whole validation split
-      CHECK(ma[i]["windows"] == mf[i]["windows"]);
-      CHECK(std::abs(ma[i]["val_loss_full"].get<double>() - mf[i]["val_loss_full"].get<double>()) <=
-            1e-4);
-    } else {
-      CHECK(std::abs(ma[i]["val_loss"].get<double>() - mf[i]["val_loss"].get<double>()) <= 1e-4);
-      CHECK(std::abs(ma[i]["train_loss"].get<double>() - mf[i]["train_loss"].get<double>()) <=
-            1e-4);
-    }
-  }
-  REQUIRE(train_lines == 10);
-  REQUIRE(clipped > 0);  // the clipping path ran
+  const auto seen = testing::compare_engine_metrics(dir / "autograd" / "metrics.jsonl",
+                                                    dir / "fused" / "metrics.jsonl");
+  REQUIRE(seen.train_lines == 10);
+  REQUIRE(seen.finals == 1);
+  REQUIRE(seen.clipped > 0);  // the clipping path ran
   CHECK(rf->val_loss == Approx(ra->val_loss).margin(1e-4));
   // Same outputs as train_gpt: the checkpoint loads into models::Gpt with the same tensors.
   for (const char* f : {"ckpt.safetensors", "best.safetensors", "config.toml"}) {
@@ -286,7 +207,7 @@ TEST_CASE("fused GPT state dict round trip", "[models][fused]") {
     CHECK(max_abs_diff(out[i].second, init[i].second) == 0.0);
   }
   // Load, export: bit for bit; nanoGPT's tied lm_head.weight is accepted and ignored.
-  auto sd = random_weights(c, 3);
+  auto sd = testing::random_fused_weights(c, 3);
   sd.emplace_back("lm_head.weight", sd[0].second);
   REQUIRE(fused->load(sd).ok());
   out = fused->state_dict();
@@ -329,7 +250,7 @@ TEST_CASE("fused GPT refuses what it cannot run", "[models][fused]") {
   SECTION("bad state dicts leave the weights unchanged") {
     auto m = make_fused(c, 2, 4);
     const auto before = m->parameters_host();
-    auto sd = random_weights(c, 4);
+    auto sd = testing::random_fused_weights(c, 4);
     auto missing = sd;
     missing.erase(missing.begin() + 3);
     CHECK_THAT(m->load(missing).message(), Catch::Contains(sd[3].first));

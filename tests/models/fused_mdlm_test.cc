@@ -13,6 +13,8 @@
 #include "models/mdlm/checkpoint.h"
 #include "models/mdlm/fused_engine.h"
 #include "models/mdlm/trainer.h"
+#include "tests/testing/fused_weights.h"
+#include "tests/testing/tiny_runs.h"
 
 namespace starling::models {
 namespace {
@@ -28,18 +30,6 @@ MdlmConfig tiny(bool bias) {
   c.n_embd = 16;
   c.bias = bias;
   return c;
-}
-
-// Random weights for every tensor of the trunk (LayerNorm weights around 1, biases nonzero).
-io::StateDict random_weights(const MdlmConfig& c, uint64_t seed) {
-  Rng rng(seed);
-  io::StateDict sd;
-  for (const auto& p : fused_gpt_layout(c.trunk_config())) {
-    const bool ln_weight = p.name.find("ln_") != std::string::npos && p.name.size() > 7 &&
-                           p.name.substr(p.name.size() - 7) == ".weight";
-    sd.emplace_back(p.name, Tensor::randn(p.shape, rng, 0.2, ln_weight ? 1.0 : 0.0));
-  }
-  return sd;
 }
 
 Tensor random_x0(int64_t b, uint64_t seed) {
@@ -71,7 +61,7 @@ TEST_CASE("fused MDLM loss and every gradient equal the autograd Mdlm's", "[mode
   const int64_t b = GENERATE(int64_t{3}, int64_t{2});  // a full batch, and fewer rows
   INFO("bias " << bias << " rows " << b);
   const MdlmConfig c = tiny(bias);
-  const auto sd = random_weights(c, 11);
+  const auto sd = testing::random_fused_weights(c.trunk_config(), 11);
   Mdlm ref(c, 1);
   REQUIRE(ref.load(sd).ok());
   auto fused = make_fused(c, 3);
@@ -124,7 +114,7 @@ TEST_CASE("fused MDLM draws Mdlm::loss's corruption", "[models][fused]") {
   MdlmConfig c = tiny(false);
   c.masking = mode == 0 ? MaskSampling::kBernoulli : MaskSampling::kCount;
   c.antithetic = mode == 2;
-  const auto sd = random_weights(c, 12);
+  const auto sd = testing::random_fused_weights(c.trunk_config(), 12);
   Mdlm ref(c, 1);
   REQUIRE(ref.load(sd).ok());
   auto fused = make_fused(c, 4);
@@ -153,7 +143,7 @@ TEST_CASE("fused MDLM initializes as Mdlm(config, seed) and round trips its stat
     CHECK(out[i].first == init[i].first);
     CHECK(max_abs_diff(out[i].second, init[i].second) == 0.0);
   }
-  const auto sd = random_weights(c, 5);
+  const auto sd = testing::random_fused_weights(c.trunk_config(), 5);
   REQUIRE(fused->load(sd).ok());
   auto host = fused->host_model();
   REQUIRE(host.ok());
@@ -161,19 +151,9 @@ TEST_CASE("fused MDLM initializes as Mdlm(config, seed) and round trips its stat
   for (size_t i = 0; i < back.size(); ++i) CHECK(max_abs_diff(back[i].second, sd[i].second) == 0.0);
 }
 
-// A text of n characters from a small alphabet with some structure to learn.
-std::string corpus(size_t n) {
-  const std::string words[] = {"the ", "cat ", "sat ", "on ", "a ", "mat.\n", "dog ", "ran "};
-  Rng rng(5);
-  std::string s;
-  while (s.size() < n) s += words[rng.below(8)];
-  return s;
-}
-
 v1::RunConfig tiny_run(const std::filesystem::path& dir, const std::string& out,
                        const std::string& diffusion = "") {
-  std::ofstream(dir / "text.txt") << corpus(4000);
-  const std::string toml = R"(
+  return testing::tiny_text_run(dir, out, R"(
 [model]
 arch = "mdlm"
 block_size = 16
@@ -184,44 +164,7 @@ bias = true
 causal = false
 [diffusion]
 sampling_steps = 8
-)" + diffusion + R"(
-[data]
-path = ")" + (dir / "text.txt").string() +
-                           R"("
-data_dir = ")" + dir.string() +
-                           R"("
-tokenizer = "char"
-val_fraction = 0.2
-[train]
-batch_size = 4
-max_iters = 10
-learning_rate = 3e-3
-min_lr = 3e-4
-warmup_iters = 3
-lr_decay_iters = 8
-weight_decay = 0.1
-grad_clip = 0.5
-eval_interval = 5
-eval_iters = 2
-log_interval = 1
-seed = 99
-threads = 1
-out_dir = ")" + (dir / out).string() +
-                           R"("
-)";
-  v1::RunConfig cfg;
-  const Status st = config::parse_toml(toml, "fused_mdlm_test.toml", &cfg);
-  INFO(st.message());
-  REQUIRE(st.ok());
-  return cfg;
-}
-
-std::vector<nlohmann::json> read_metrics(const std::filesystem::path& p) {
-  std::ifstream f(p);
-  std::vector<nlohmann::json> out;
-  std::string line;
-  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
+)" + diffusion);
 }
 
 TEST_CASE("10 fused MDLM training steps give train_mdlm's losses", "[models][fused]") {
@@ -239,36 +182,11 @@ TEST_CASE("10 fused MDLM training steps give train_mdlm's losses", "[models][fus
   auto rf = train_mdlm_fused(cfg_f, "fused.toml", FusedTrainOptions{});
   INFO(rf.status().message());
   REQUIRE(rf.ok());
-  const auto ma = read_metrics(dir / "autograd" / "metrics.jsonl");
-  const auto mf = read_metrics(dir / "fused" / "metrics.jsonl");
-  REQUIRE(ma.size() == mf.size());
-  int train_lines = 0, clipped = 0, finals = 0;
-  for (size_t i = 0; i < ma.size(); ++i) {
-    INFO("line " << i << ": " << ma[i].dump() << " vs " << mf[i].dump());
-    REQUIRE(ma[i]["event"] == mf[i]["event"]);
-    REQUIRE(ma[i]["iter"] == mf[i]["iter"]);
-    if (ma[i]["event"] == "train") {
-      ++train_lines;
-      CHECK(mf[i]["engine"] == "fused");
-      CHECK(std::abs(ma[i]["loss"].get<double>() - mf[i]["loss"].get<double>()) <= 1e-4);
-      CHECK(ma[i]["lr"].get<double>() == mf[i]["lr"].get<double>());
-      CHECK(mf[i]["grad_norm"].get<double>() ==
-            Approx(ma[i]["grad_norm"].get<double>()).epsilon(1e-4));
-      if (ma[i]["grad_norm"].get<double>() > 0.5) ++clipped;
-    } else if (ma[i]["event"] == "final") {  // the whole validation split
-      ++finals;
-      CHECK(ma[i]["windows"] == mf[i]["windows"]);
-      CHECK(std::abs(ma[i]["val_loss_full"].get<double>() - mf[i]["val_loss_full"].get<double>()) <=
-            1e-4);
-    } else {
-      CHECK(std::abs(ma[i]["val_loss"].get<double>() - mf[i]["val_loss"].get<double>()) <= 1e-4);
-      CHECK(std::abs(ma[i]["train_loss"].get<double>() - mf[i]["train_loss"].get<double>()) <=
-            1e-4);
-    }
-  }
-  REQUIRE(train_lines == 10);
-  REQUIRE(finals == 1);
-  REQUIRE(clipped > 0);  // the clipping path ran
+  const auto seen = testing::compare_engine_metrics(dir / "autograd" / "metrics.jsonl",
+                                                    dir / "fused" / "metrics.jsonl");
+  REQUIRE(seen.train_lines == 10);
+  REQUIRE(seen.finals == 1);
+  REQUIRE(seen.clipped > 0);  // the clipping path ran
   CHECK(rf->val_loss == Approx(ra->val_loss).margin(1e-4));
   CHECK(rf->best_val_loss == Approx(ra->best_val_loss).margin(1e-4));
   std::filesystem::remove_all(dir);
@@ -299,7 +217,7 @@ TEST_CASE("a fused MDLM checkpoint is read by starling sample and eval", "[model
   REQUIRE(text.ok());
   const double nelbo = mdlm_eval_full(*loaded->model, text->dataset.tokens(data::Split::kVal),
                                       cfg.train().batch_size());
-  const auto m = read_metrics(dir / "fused" / "metrics.jsonl");
+  const auto m = testing::read_metrics(dir / "fused" / "metrics.jsonl");
   REQUIRE(m.back()["event"] == "final");
   CHECK(nelbo == Approx(m.back()["val_loss_full"].get<double>()).margin(1e-4));
   // `starling sample`: the ancestral sampler on the checkpoint.

@@ -73,6 +73,33 @@ std::pair<double, double> overfit_one_batch(models::Mdlm& m, const std::vector<d
   return {first, m.loss(x0, te, nb.xt).item()};
 }
 
+// The mean of `draws` training-loss draws m.loss(x0, rng) (fresh times and masks each) and the
+// variance of that mean.
+std::pair<double, double> monte_carlo_loss(const models::Mdlm& m, const Tensor& x0, int64_t draws,
+                                           uint64_t seed) {
+  Rng rng(seed);
+  double s = 0.0, s2 = 0.0;
+  for (int64_t d = 0; d < draws; ++d) {
+    const double l = m.loss(x0, rng).item();
+    s += l;
+    s2 += l * l;
+  }
+  const double mean = s / static_cast<double>(draws);
+  return {mean, (s2 / static_cast<double>(draws) - mean * mean) / static_cast<double>(draws)};
+}
+
+// tiny()'s shape as a `starling train` config (absorbing noise, learned positions).
+starling::v1::RunConfig tiny_run_config() {
+  starling::v1::RunConfig cfg;
+  cfg.mutable_model()->set_arch(starling::v1::ModelConfig::MDLM);
+  cfg.mutable_model()->set_block_size(kT);
+  cfg.mutable_model()->set_n_layer(2);
+  cfg.mutable_model()->set_n_head(2);
+  cfg.mutable_model()->set_n_embd(16);
+  cfg.mutable_model()->set_causal(false);
+  return cfg;
+}
+
 std::filesystem::path temp_path(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / "starling_mdlm_test";
   std::filesystem::create_directories(dir);
@@ -238,13 +265,7 @@ TEST_CASE("mdlm samplers: length T ids below V, cached equals uncached with fewe
 }
 
 TEST_CASE("mdlm checkpoint round trip gives identical outputs and samples", "[mdlm]") {
-  starling::v1::RunConfig cfg;
-  cfg.mutable_model()->set_arch(starling::v1::ModelConfig::MDLM);
-  cfg.mutable_model()->set_block_size(kT);
-  cfg.mutable_model()->set_n_layer(2);
-  cfg.mutable_model()->set_n_head(2);
-  cfg.mutable_model()->set_n_embd(16);
-  cfg.mutable_model()->set_causal(false);
+  starling::v1::RunConfig cfg = tiny_run_config();
   cfg.mutable_diffusion()->set_sampling_steps(16);
   auto tok = starling::data::CharTokenizer::from_corpus("hello world\n");
   REQUIRE(tok.ok());
@@ -348,13 +369,7 @@ TEST_CASE("a tiny mdlm with rope has no wpe, reads both directions and overfits 
 }
 
 TEST_CASE("mdlm checkpoint with rope round trips and samples", "[mdlm][rope]") {
-  starling::v1::RunConfig cfg;
-  cfg.mutable_model()->set_arch(starling::v1::ModelConfig::MDLM);
-  cfg.mutable_model()->set_block_size(kT);
-  cfg.mutable_model()->set_n_layer(2);
-  cfg.mutable_model()->set_n_head(2);
-  cfg.mutable_model()->set_n_embd(16);
-  cfg.mutable_model()->set_causal(false);
+  starling::v1::RunConfig cfg = tiny_run_config();
   cfg.mutable_model()->set_pos_encoding(starling::v1::ModelConfig::ROPE);
   cfg.mutable_model()->set_rope_base(100.0f);
   cfg.mutable_diffusion()->set_sampling_steps(16);
@@ -448,19 +463,8 @@ TEST_CASE("count and bernoulli masking estimate the same NELBO", "[mdlm]") {
   starling::autograd::NoGradGuard ng;
   const int64_t b = 64;
   const Tensor x0 = Tensor::from_vector(random_ids(b * kT, kV, 71), {b, kT});
-  auto stats = [&](const models::Mdlm& m, int64_t draws, uint64_t seed) {
-    Rng rng(seed);
-    double s = 0.0, s2 = 0.0;
-    for (int64_t d = 0; d < draws; ++d) {
-      const double l = m.loss(x0, rng).item();
-      s += l;
-      s2 += l * l;
-    }
-    const double mean = s / draws;
-    return std::pair<double, double>{mean, (s2 / draws - mean * mean) / draws};
-  };
-  const auto [mb, vb] = stats(bern, 200, 72);
-  const auto [mc, vc] = stats(count, 20, 73);
+  const auto [mb, vb] = monte_carlo_loss(bern, x0, 200, 72);
+  const auto [mc, vc] = monte_carlo_loss(count, x0, 20, 73);
   INFO("bernoulli " << mb << " (var of mean " << vb << "), count " << mc << " (" << vc << ")");
   REQUIRE(std::fabs(mb - mc) < 4.0 * std::sqrt(vb + vc));
   REQUIRE(vc * 20 < vb * 200 / 100);  // per batch: 100x lower variance, the point of counting
@@ -640,13 +644,7 @@ TEST_CASE("block diffusion overfits one batch and samples block by block", "[mdl
 
 TEST_CASE("block diffusion checkpoints keep the block length, evaluation is deterministic",
           "[mdlm][bd3]") {
-  starling::v1::RunConfig cfg;
-  cfg.mutable_model()->set_arch(starling::v1::ModelConfig::MDLM);
-  cfg.mutable_model()->set_block_size(kT);
-  cfg.mutable_model()->set_n_layer(2);
-  cfg.mutable_model()->set_n_head(2);
-  cfg.mutable_model()->set_n_embd(16);
-  cfg.mutable_model()->set_causal(false);
+  starling::v1::RunConfig cfg = tiny_run_config();
   cfg.mutable_model()->set_pos_encoding(starling::v1::ModelConfig::ROPE);
   cfg.mutable_diffusion()->set_block_length(4);
   cfg.mutable_diffusion()->set_sampling_steps(4);
@@ -706,19 +704,8 @@ TEST_CASE("antithetic masks: complement plus one per block, the same NELBO in ex
   plain.train(false);
   anti.train(false);
   starling::autograd::NoGradGuard ng;
-  auto mean = [&](const models::Mdlm& m, int64_t draws, uint64_t seed) {
-    Rng r(seed);
-    double s = 0.0, s2 = 0.0;
-    for (int64_t d = 0; d < draws; ++d) {
-      const double l = m.loss(x0, r).item();
-      s += l;
-      s2 += l * l;
-    }
-    const double mu = s / draws;
-    return std::pair<double, double>{mu, (s2 / draws - mu * mu) / draws};
-  };
-  const auto [mp, vp] = mean(plain, 60, 103);
-  const auto [ma, va] = mean(anti, 30, 104);
+  const auto [mp, vp] = monte_carlo_loss(plain, x0, 60, 103);
+  const auto [ma, va] = monte_carlo_loss(anti, x0, 30, 104);
   INFO("count " << mp << " (" << vp << "), antithetic " << ma << " (" << va << ")");
   REQUIRE(std::fabs(mp - ma) < 4.0 * std::sqrt(vp + va) + 1e-6);
 
