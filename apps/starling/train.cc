@@ -130,15 +130,7 @@ Result<models::TrainSummary> train_gpt_ranks(const v1::RunConfig& cfg, const std
           static_cast<double>(model.num_parameters()) / 1e6, tc.seed(), n, b,
           dp->bucket_params().size(), ro.bucket_mb, ro.overlap ? "on" : "off", rank_threads);
     }
-    std::unique_ptr<optim::Optimizer> opt;
-    auto groups = optim::decay_matrices_only(model.parameters());
-    if (tc.optimizer() == v1::TrainConfig::SGD) {
-      opt = std::make_unique<optim::Sgd>(
-          groups, optim::SgdOptions{tc.momentum(), tc.weight_decay(), false});
-    } else {
-      opt = std::make_unique<optim::AdamW>(
-          groups, optim::AdamWOptions{tc.beta1(), tc.beta2(), 1e-8, tc.weight_decay()});
-    }
+    std::unique_ptr<optim::Optimizer> opt = models::make_optimizer(model.parameters(), tc);
     Rng batch_rng = Rng(tc.seed() + 1).fork(static_cast<uint64_t>(r));
     Rng eval_rng(tc.seed() + 2);
     int64_t window_tokens = 0;

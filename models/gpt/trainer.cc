@@ -54,16 +54,8 @@ Result<std::pair<double, double>> estimate_loss(GptEngine& engine, const data::T
 // matrices only.
 class AutogradEngine final : public GptEngine {
  public:
-  AutogradEngine(const GptConfig& gc, const v1::TrainConfig& tc) : model_(gc, tc.seed()) {
-    auto groups = optim::decay_matrices_only(model_.parameters());
-    if (tc.optimizer() == v1::TrainConfig::SGD) {
-      opt_ = std::make_unique<optim::Sgd>(
-          groups, optim::SgdOptions{tc.momentum(), tc.weight_decay(), false});
-    } else {
-      opt_ = std::make_unique<optim::AdamW>(
-          groups, optim::AdamWOptions{tc.beta1(), tc.beta2(), 1e-8, tc.weight_decay()});
-    }
-  }
+  AutogradEngine(const GptConfig& gc, const v1::TrainConfig& tc)
+      : model_(gc, tc.seed()), opt_(make_optimizer(model_.parameters(), tc)) {}
   std::string describe() const override { return "autograd engine"; }
   int64_t num_parameters() const override { return model_.num_parameters(); }
   Result<Step> step(const data::Batch& batch, double lr, double grad_clip) override {
@@ -91,6 +83,17 @@ class AutogradEngine final : public GptEngine {
 };
 
 }  // namespace
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const std::vector<Tensor>& params,
+                                                 const v1::TrainConfig& tc) {
+  auto groups = optim::decay_matrices_only(params);
+  if (tc.optimizer() == v1::TrainConfig::SGD) {
+    return std::make_unique<optim::Sgd>(groups,
+                                        optim::SgdOptions{tc.momentum(), tc.weight_decay(), false});
+  }
+  return std::make_unique<optim::AdamW>(
+      groups, optim::AdamWOptions{tc.beta1(), tc.beta2(), 1e-8, tc.weight_decay()});
+}
 
 Result<std::pair<double, int64_t>> full_split_loss(
     std::span<const int32_t> tokens, int64_t b, int64_t t,

@@ -9,8 +9,10 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/data/text_dataset.h"
+#include "core/optim/optimizer.h"
 #include "core/util/status.h"
 #include "core/wire/config.pb.h"
 #include "models/gpt/gpt.h"
@@ -53,6 +55,12 @@ class GptEngine {
 // Builds the engine once the tokenizer fixed the vocabulary.
 using GptEngineFactory =
     std::function<Result<std::unique_ptr<GptEngine>>(const GptConfig&, const v1::RunConfig&)>;
+
+// The optimizer of every autograd trainer (GPT, MDLM, train --ranks): core/optim's AdamW, or SGD
+// with momentum for train.optimizer = "sgd", over `params` with weight decay on the matrices only
+// (optim::decay_matrices_only).
+std::unique_ptr<optim::Optimizer> make_optimizer(const std::vector<Tensor>& params,
+                                                 const v1::TrainConfig& tc);
 
 // Mean next-token loss over a whole split: every non-overlapping window of t inputs and its t
 // shifted targets, b windows per batch (a final partial batch is left out: an engine may be

@@ -87,16 +87,8 @@ Result<double> eval_batches(
 // matrices only.
 class AutogradMdlmEngine final : public MdlmEngine {
  public:
-  AutogradMdlmEngine(const MdlmConfig& mc, const v1::TrainConfig& tc) : model_(mc, tc.seed()) {
-    auto groups = optim::decay_matrices_only(model_.parameters());
-    if (tc.optimizer() == v1::TrainConfig::SGD) {
-      opt_ = std::make_unique<optim::Sgd>(
-          groups, optim::SgdOptions{tc.momentum(), tc.weight_decay(), false});
-    } else {
-      opt_ = std::make_unique<optim::AdamW>(
-          groups, optim::AdamWOptions{tc.beta1(), tc.beta2(), 1e-8, tc.weight_decay()});
-    }
-  }
+  AutogradMdlmEngine(const MdlmConfig& mc, const v1::TrainConfig& tc)
+      : model_(mc, tc.seed()), opt_(make_optimizer(model_.parameters(), tc)) {}
   std::string describe() const override { return "autograd engine"; }
   int64_t num_parameters() const override { return model_.num_parameters(); }
   Result<Step> step(const Tensor& x0, Rng& noise_rng, double lr, double grad_clip) override {
