@@ -1,7 +1,8 @@
-// Attention over packed heads with cuBLAS: per batch element, strided-batched GEMMs over the H
-// heads read q, k, v in place from (T, 3C) (head h at column h*D, leading dimension 3C), so no
-// head is transposed or copied. The (B, H, T, T) probabilities are materialized; a flash-style
-// kernel that never stores them is the next step for long T.
+// Attention over packed heads with cuBLAS under any ops::AttnMask kind (full, causal,
+// block-causal, block diffusion: at most two key ranges per query): per batch element,
+// strided-batched GEMMs over the H heads read q, k, v in place from (T, 3C) (head h at column
+// h*D, leading dimension 3C), so no head is transposed or copied. The (B, H, T, T) probabilities
+// are materialized; a flash-style kernel that never stores them is the next step for long T.
 #include <cmath>
 
 #include "core/cuda/check.h"
@@ -13,20 +14,50 @@ namespace {
 
 constexpr int kThreads = 128;
 
-// Softmax of each row of (rows, T) in place; row r is query t = r % T, which under the causal
-// mask sees keys 0..t (the rest become 0).
-__global__ void masked_softmax_kernel(float* att, int t_len, bool causal) {
+// The keys of query i in a sequence of n: [r0, r1) and [r2, r3), as ops::AttnMask::key_ranges.
+struct KeyRanges {
+  int r0, r1, r2, r3;
+  __device__ bool contains(int j) const { return (j >= r0 && j < r1) || (j >= r2 && j < r3); }
+};
+
+__device__ KeyRanges key_ranges(AttnMaskKind kind, int block, int i, int n) {
+  switch (kind) {
+    case AttnMaskKind::kCausal:
+      return {0, i + 1, 0, 0};
+    case AttnMaskKind::kBlockCausal:
+      return {0, min(n, (i / block + 1) * block), 0, 0};
+    case AttnMaskKind::kBlockDiffusion: {
+      const int half = n / 2;
+      if (i < half) {  // noisy query: the clean blocks before its own, then its own noisy block
+        const int b0 = (i / block) * block;
+        return {half, half + b0, b0, b0 + block};
+      }
+      return {half, half + ((i - half) / block + 1) * block, 0, 0};
+    }
+    case AttnMaskKind::kFull:
+      break;
+  }
+  return {0, n, 0, 0};
+}
+
+// Softmax of each row of (rows, T) in place over the keys the mask gives query t = r % T (the
+// rest become 0).
+__global__ void masked_softmax_kernel(float* att, int t_len, AttnMaskKind kind, int block) {
   const size_t r = blockIdx.x;
   float* row = att + r * t_len;
-  const int valid = causal ? static_cast<int>(r % t_len) + 1 : t_len;
+  const KeyRanges keys = key_ranges(kind, block, static_cast<int>(r % t_len), t_len);
   float m = -FLT_MAX;
-  for (int j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, row[j]);
+  for (int j = threadIdx.x; j < t_len; j += blockDim.x) {
+    if (keys.contains(j)) m = fmaxf(m, row[j]);
+  }
   m = internal::block_max(m);
   float s = 0.0f;
-  for (int j = threadIdx.x; j < valid; j += blockDim.x) s += expf(row[j] - m);
+  for (int j = threadIdx.x; j < t_len; j += blockDim.x) {
+    if (keys.contains(j)) s += expf(row[j] - m);
+  }
   const float inv = 1.0f / internal::block_sum(s);
   for (int j = threadIdx.x; j < t_len; j += blockDim.x) {
-    row[j] = j < valid ? expf(row[j] - m) * inv : 0.0f;
+    row[j] = keys.contains(j) ? expf(row[j] - m) * inv : 0.0f;
   }
 }
 
@@ -49,6 +80,12 @@ float attention_scale(int d) { return static_cast<float>(1.0 / std::sqrt(static_
 
 void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c, int h,
                        bool causal, cublasHandle_t handle, cudaStream_t stream) {
+  attention_forward(out, att, qkv, b, t, c, h, causal ? AttnMaskKind::kCausal : AttnMaskKind::kFull,
+                    1, handle, stream);
+}
+
+void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c, int h,
+                       AttnMaskKind mask, int block, cublasHandle_t handle, cudaStream_t stream) {
   if (b == 0 || t == 0) return;
   const int d = c / h;
   const long long tt = static_cast<long long>(t) * t;
@@ -60,7 +97,7 @@ void attention_forward(float* out, float* att, const float* qkv, int b, int t, i
                          0.0f, a, t, tt, h, handle, stream);
   }
   masked_softmax_kernel<<<static_cast<unsigned>(static_cast<long long>(b) * h * t), kThreads, 0,
-                          stream>>>(att, t, causal);
+                          stream>>>(att, t, mask, block);
   STARLING_CUDA_CHECK_LAUNCH();
   for (int i = 0; i < b; ++i) {
     const float* v = qkv + static_cast<size_t>(i) * t * 3 * c + 2 * c;

@@ -113,6 +113,22 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                         const float* att, int b, int t, int c, int h, cublasHandle_t handle,
                         cudaStream_t stream);
 
+// The masks of ops::AttnMask (core/ops/attention.h), same kinds and meaning: every query reads
+// at most two contiguous key ranges (AttnMask::key_ranges), so no mask tensor is stored.
+enum class AttnMaskKind : int { kFull = 0, kCausal = 1, kBlockCausal = 2, kBlockDiffusion = 3 };
+// attention_forward under any of those masks (`block`: the block length of the block kinds; T
+// must be a multiple of it, of 2 * block for kBlockDiffusion). att is 0 at masked keys, so
+// attention_backward serves every mask.
+void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c, int h,
+                       AttnMaskKind mask, int block, cublasHandle_t handle, cudaStream_t stream);
+
+// rope_cuda.cu: rotary positions ("rotate half", ops::rope_packed) in place on the q and k heads
+// of qkv: (N, 3C) rows, H heads of D = C / H (D even), v untouched. Row r is at position
+// r % period; cos, sin: (period, D/2) tables. inverse rotates by the opposite angle (the
+// backward on dq, dk).
+void rope_packed(float* qkv, const float* cos, const float* sin, int n, int c, int h, int period,
+                 bool inverse, cudaStream_t stream);
+
 // encoder_cuda.cu: GPT's token + position embedding. idx: (B, T) i32, wte: (V, C), wpe: (>=T, C)
 // -> out: (B, T, C) = wte[idx] + wpe[t].
 void encoder_forward(float* out, const int* idx, const float* wte, const float* wpe, int b, int t,

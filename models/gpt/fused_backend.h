@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "core/ops/attention.h"
 #include "core/util/status.h"
 
 namespace starling::models {
@@ -52,11 +53,13 @@ class FusedBackend {
   virtual void zero(void* p, size_t nbytes) = 0;
   virtual void synchronize() = 0;
 
-  // idx: (B, T) i32, wte: (V, C), wpe: (>=T, C) -> out: (B, T, C) = wte[idx] + wpe[t].
+  // idx: (B, T) i32, wte: (V, C), wpe: (>=T, C) or null -> out: (B, T, C) = wte[idx] + wpe[t]
+  // (wte[idx] alone without wpe: rotary positions). Row r of the B*T reads wpe[r % T], so a
+  // caller whose positions repeat with a period P passes (B*T/P, P).
   virtual void encoder_forward(float* out, const int* idx, const float* wte, const float* wpe,
                                int b, int t, int c) = 0;
   // dout: (B, T, C) -> dwte[token] += sum of dout rows of that token (in position order),
-  // dwpe[t] += sum over b of dout[b, t] (in b order).
+  // dwpe[t] += sum over b of dout[b, t] (in b order); dwpe may be null (no wpe).
   virtual void encoder_backward(float* dwte, float* dwpe, const float* dout,
                                 const EncoderBuckets& buckets, int b, int t, int c) = 0;
   // x: (N, C), weight: (C), bias: (C) or null -> out: (N, C), mean, rstd: (N). eps 1e-5.
@@ -86,15 +89,25 @@ class FusedBackend {
   virtual void linear_backward(float* dx, float* dweight, float* dbias, const float* dout,
                                const float* x, const float* weight, int n, int in,
                                int out_features) = 0;
-  // Attention over packed heads, causal (query t sees keys 0..t) or bidirectional (every query
-  // sees every key: the MDLM). qkv: (B, T, 3C) -> out: (B, T, C), att: (B, H, T, T) the
-  // probabilities (0 above the diagonal when causal).
+  // Attention over packed heads under `mask` (ops::AttnMask: full, causal, block-causal or the
+  // block-diffusion layout; each query reads at most two key ranges, AttnMask::key_ranges).
+  // qkv: (B, T, 3C) -> out: (B, T, C), att: (B, H, T, T) the probabilities (0 at masked keys).
+  // REQUIRES: mask.check(T) is empty.
   virtual void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
-                                 int h, bool causal) = 0;
-  // dout: (B, T, C), scratch: (B, H, T, T) -> dqkv: (B, T, 3C). Either mask: the masked
+                                 int h, const ops::AttnMask& mask) = 0;
+  // dout: (B, T, C), scratch: (B, H, T, T) -> dqkv: (B, T, 3C). Any mask: the masked
   // probabilities of att are 0, so they pass no gradient.
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                   const float* att, int b, int t, int c, int h) = 0;
+  // Rotary positions (ops::rope_packed's "rotate half" convention) in place on the q and k of
+  // qkv: (N, 3C) rows, H heads of D = C / H channels each (D even); v is untouched. Row r is at
+  // position p = r % period; the pair (x[i], x[i + D/2]) of every q and k head is rotated by
+  // the angle of p: y[i] = x[i] cos - x[i + D/2] sin, y[i + D/2] = x[i + D/2] cos + x[i] sin,
+  // with cos, sin: (period, D/2) tables in backend memory (fp32 values of the double-precision
+  // angles, as ops::rope). inverse: the opposite angle (the transpose), which maps the gradient
+  // of the rotated q, k to that of the unrotated ones.
+  virtual void rope(float* qkv, const float* cos, const float* sin, int n, int c, int h, int period,
+                    bool inverse) = 0;
   // Exact (erf) GELU over n values; backward dx = dout * gelu'(x) (dx may alias dout). The CPU
   // backend evaluates erf and exp as core/ops does (fast_math.h: within 5e-7 of libm).
   virtual void gelu_forward(float* out, const float* x, size_t n) = 0;

@@ -79,8 +79,12 @@ class CpuBackend final : public FusedBackend {
 #pragma omp parallel for if (int64_t{b} * t * c > (1 << 16))
     for (int64_t r = 0; r < int64_t{b} * t; ++r) {
       const float* we = wte + static_cast<int64_t>(idx[r]) * c;
-      const float* pe = wpe + (r % t) * c;
       float* o = out + r * c;
+      if (wpe == nullptr) {
+        std::copy_n(we, c, o);
+        continue;
+      }
+      const float* pe = wpe + (r % t) * c;
       for (int j = 0; j < c; ++j) o[j] = we[j] + pe[j];
     }
   }
@@ -103,7 +107,7 @@ class CpuBackend final : public FusedBackend {
         for (int j = 0; j < c; ++j) w[j] += acc[j];
       }
 #pragma omp for
-      for (int tt = 0; tt < t; ++tt) {
+      for (int tt = 0; tt < (dwpe != nullptr ? t : 0); ++tt) {
         float* w = dwpe + static_cast<int64_t>(tt) * c;
         for (int j = 0; j < c; ++j) {
           float s = 0.0f;
@@ -204,7 +208,7 @@ class CpuBackend final : public FusedBackend {
   }
 
   void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c, int h,
-                         bool causal) override {
+                         const ops::AttnMask& mask) override {
     const int d = c / h;
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
 #pragma omp parallel for schedule(static)
@@ -215,17 +219,20 @@ class CpuBackend final : public FusedBackend {
       sgemm(false, true, t, t, d, scale, q, 3 * c, q + c, 3 * c, 0.0f, p, t);
       for (int i = 0; i < t; ++i) {
         float* row = p + static_cast<int64_t>(i) * t;
-        const int valid = causal ? i + 1 : t;  // keys 0..valid-1
+        // The query's keys: [r[0], r[1]) and [r[2], r[3]); every other probability is 0.
+        const auto r = mask.key_ranges(i, t);
+        const auto in = [&r](int j) { return (j >= r[0] && j < r[1]) || (j >= r[2] && j < r[3]); };
         float mx = -std::numeric_limits<float>::infinity();
-        for (int j = 0; j < valid; ++j) mx = std::max(mx, row[j]);
+        for (int j = 0; j < t; ++j) {
+          if (in(j)) mx = std::max(mx, row[j]);
+        }
         float s = 0.0f;
-        for (int j = 0; j < valid; ++j) {
-          row[j] = std::exp(row[j] - mx);
+        for (int j = 0; j < t; ++j) {
+          row[j] = in(j) ? std::exp(row[j] - mx) : 0.0f;
           s += row[j];
         }
         const float inv = 1.0f / s;
-        for (int j = 0; j < valid; ++j) row[j] *= inv;
-        for (int j = valid; j < t; ++j) row[j] = 0.0f;
+        for (int j = 0; j < t; ++j) row[j] *= inv;
       }
       sgemm(false, false, t, d, t, 1.0f, p, t, q + 2 * c, 3 * c, 0.0f,
             out + static_cast<int64_t>(bb) * t * c + hh * d, c);
@@ -256,6 +263,27 @@ class CpuBackend final : public FusedBackend {
       }
       sgemm(false, false, t, d, t, 1.0f, dp, t, q + c, 3 * c, 0.0f, gq, 3 * c);  // dQ = dS K
       sgemm(true, false, t, d, t, 1.0f, dp, t, q, 3 * c, 0.0f, gq + c, 3 * c);   // dK = dS^T Q
+    }
+  }
+
+  void rope(float* qkv, const float* cos, const float* sin, int n, int c, int h, int period,
+            bool inverse) override {
+    const int half = c / h / 2;
+    const float sign = inverse ? -1.0f : 1.0f;
+#pragma omp parallel for if (int64_t{n} * c > (1 << 16))
+    for (int r = 0; r < n; ++r) {
+      float* row = qkv + static_cast<int64_t>(r) * 3 * c;
+      const float* cs = cos + static_cast<int64_t>(r % period) * half;
+      const float* sn = sin + static_cast<int64_t>(r % period) * half;
+      for (int hh = 0; hh < 2 * h; ++hh) {  // the H heads of q, then the H heads of k
+        float* x = row + static_cast<int64_t>(hh) * 2 * half;
+        for (int i = 0; i < half; ++i) {
+          const float ci = cs[i], si = sign * sn[i];
+          const float a = x[i], bb = x[i + half];
+          x[i] = a * ci - bb * si;
+          x[i + half] = bb * ci + a * si;
+        }
+      }
     }
   }
 

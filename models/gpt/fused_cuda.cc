@@ -31,6 +31,7 @@ class CudaBackend final : public FusedBackend {
     cudaStreamSynchronize(stream_.get());
     alloc_.deallocate(scratch_);
     alloc_.deallocate(bf16_);
+    alloc_.deallocate(zeros_);
   }
 
   Status init() {
@@ -73,10 +74,14 @@ class CudaBackend final : public FusedBackend {
 
   void encoder_forward(float* out, const int* idx, const float* wte, const float* wpe, int b, int t,
                        int c) override {
+    // encoder_cuda.cu always adds a position row: without wpe (rotary positions) it adds zeros.
+    if (wpe == nullptr) wpe = zero_rows(static_cast<size_t>(t) * c);
     cuda::encoder_forward(out, idx, wte, wpe, b, t, c, stream_.get());
   }
   void encoder_backward(float* dwte, float* dwpe, const float* dout, const EncoderBuckets& bk,
                         int b, int t, int c) override {
+    // Without wpe its gradient goes to a scratch block that nothing reads.
+    if (dwpe == nullptr) dwpe = zero_rows(static_cast<size_t>(t) * c) + static_cast<size_t>(t) * c;
     cuda::encoder_backward(dwte, dwpe, dout, bk.order, bk.starts, bk.tokens, bk.num_unique, b, t, c,
                            stream_.get());
   }
@@ -109,13 +114,33 @@ class CudaBackend final : public FusedBackend {
                           stream_.get());
   }
   void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c, int h,
-                         bool causal) override {
-    cuda::attention_forward(out, att, qkv, b, t, c, h, causal, cublas_.get(), stream_.get());
+                         const ops::AttnMask& mask) override {
+    cuda::AttnMaskKind kind = cuda::AttnMaskKind::kFull;
+    switch (mask.kind) {
+      case ops::AttnMask::Kind::kFull:
+        kind = cuda::AttnMaskKind::kFull;
+        break;
+      case ops::AttnMask::Kind::kCausal:
+        kind = cuda::AttnMaskKind::kCausal;
+        break;
+      case ops::AttnMask::Kind::kBlockCausal:
+        kind = cuda::AttnMaskKind::kBlockCausal;
+        break;
+      case ops::AttnMask::Kind::kBlockDiffusion:
+        kind = cuda::AttnMaskKind::kBlockDiffusion;
+        break;
+    }
+    cuda::attention_forward(out, att, qkv, b, t, c, h, kind, static_cast<int>(mask.block),
+                            cublas_.get(), stream_.get());
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* att, int b, int t, int c, int h) override {
     cuda::attention_backward(dqkv, scratch, dout, qkv, att, b, t, c, h, cublas_.get(),
                              stream_.get());
+  }
+  void rope(float* qkv, const float* cos, const float* sin, int n, int c, int h, int period,
+            bool inverse) override {
+    cuda::rope_packed(qkv, cos, sin, n, c, h, period, inverse, stream_.get());
   }
   void gelu_forward(float* out, const float* x, size_t n) override {
     cuda::gelu_forward(out, x, n, stream_.get());
@@ -183,6 +208,27 @@ class CudaBackend final : public FusedBackend {
   }
   double* partials() const { return reinterpret_cast<double*>(static_cast<char*>(scratch_) + 16); }
 
+  // 2 * elems floats, the first elems of them zero (the absent wpe's rows, then the scratch of
+  // its discarded gradient); grown when a call needs more.
+  float* zero_rows(size_t elems) {
+    if (2 * elems > zero_elems_) {
+      synchronize();  // queued kernels may still read the old block
+      alloc_.deallocate(zeros_);
+      zeros_ = nullptr;
+      zero_elems_ = 0;
+      auto p = alloc_.allocate(2 * elems * sizeof(float));
+      if (!p.ok()) {
+        spdlog::critical("cuda:{}: {} bytes for the rotary trunk's zero positions: {}", device_,
+                         2 * elems * sizeof(float), p.status().to_string());
+        std::abort();
+      }
+      zeros_ = *p;
+      zero_elems_ = 2 * elems;
+      STARLING_CUDA_CHECK(cudaMemsetAsync(zeros_, 0, 2 * elems * sizeof(float), stream_.get()));
+    }
+    return static_cast<float*>(zeros_);
+  }
+
   // The bf16 copies of a linear layer's inputs (reserved by set_bf16_matmuls for the largest
   // layer; grown here only for a call larger than that).
   __nv_bfloat16* bf16_scratch(int n, int in, int out) {
@@ -211,6 +257,8 @@ class CudaBackend final : public FusedBackend {
   cuda::Stream stream_;
   cuda::CublasHandle cublas_;
   void* scratch_ = nullptr;
+  void* zeros_ = nullptr;  // zero_rows()
+  size_t zero_elems_ = 0;
 };
 
 }  // namespace

@@ -32,7 +32,7 @@ std::vector<FusedParam> fused_gpt_layout(const GptConfig& c) {
   };
   const int64_t C = c.n_embd;
   add("transformer.wte.weight", {c.vocab_size, C});
-  add("transformer.wpe.weight", {c.block_size, C});
+  if (!c.rope) add("transformer.wpe.weight", {c.block_size, C});
   auto linear = [&](const std::string& name, int64_t in, int64_t outf) {
     add(name + ".weight", {outf, in});
     if (c.bias) add(name + ".bias", {outf});
@@ -54,21 +54,33 @@ std::vector<FusedParam> fused_gpt_layout(const GptConfig& c) {
   return out;
 }
 
+ops::AttnMask default_attn_mask(const GptConfig& c) {
+  return c.causal ? ops::AttnMask::causal() : ops::AttnMask::full();
+}
+
 Status check_fused_gpt_config(const GptConfig& c, int64_t batch, int64_t time) {
+  return check_fused_gpt_config(c, batch, time, default_attn_mask(c));
+}
+
+Status check_fused_gpt_config(const GptConfig& c, int64_t batch, int64_t time,
+                              const ops::AttnMask& mask) {
   RETURN_IF_ERROR(c.validate(), "fused GPT");
   if (c.dropout > 0.0) {
     return unimplemented("fused GPT: model.dropout = " + std::to_string(c.dropout) +
                          " is not supported (the fused trainer has no dropout); set "
                          "model.dropout = 0 or use train.engine = \"autograd\"");
   }
-  if (c.rope) {
-    return unimplemented(
-        "fused GPT: model.pos_encoding = \"rope\" is not supported (learned positions only); "
-        "use train.engine = \"autograd\"");
-  }
   if (batch <= 0) return invalid_argument("fused GPT: batch size must be positive");
-  if (time <= 0 || time > c.block_size) {
+  if (time <= 0) {
     return invalid_argument("fused GPT: sequence length " + std::to_string(time) +
+                            " must be positive");
+  }
+  if (const std::string why = mask.check(time); !why.empty()) {
+    return invalid_argument("fused GPT: sequence length " + std::to_string(time) + ": " + why);
+  }
+  const int64_t positions = mask.position_period(time) > 0 ? mask.position_period(time) : time;
+  if (positions > c.block_size) {
+    return invalid_argument("fused GPT: sequence length " + std::to_string(positions) +
                             " must be in [1, model.block_size = " + std::to_string(c.block_size) +
                             "]");
   }
@@ -82,9 +94,14 @@ Status check_fused_gpt_config(const GptConfig& c, int64_t batch, int64_t time) {
   return ok_status();
 }
 
-FusedGpt::FusedGpt(const GptConfig& config, int64_t b, int64_t t,
+FusedGpt::FusedGpt(const GptConfig& config, int64_t b, int64_t t, const ops::AttnMask& mask,
                    std::unique_ptr<FusedBackend> backend)
-    : config_(config), b_(b), t_(t), backend_(std::move(backend)) {}
+    : config_(config),
+      b_(b),
+      t_(t),
+      mask_(mask),
+      positions_(mask.position_period(t) > 0 ? mask.position_period(t) : t),
+      backend_(std::move(backend)) {}
 
 FusedGpt::~FusedGpt() {
   if (!backend_) return;
@@ -105,9 +122,16 @@ Status FusedGpt::set_bf16_matmuls(bool on) {
 Result<std::unique_ptr<FusedGpt>> FusedGpt::make(const GptConfig& config, int64_t batch,
                                                  int64_t time, uint64_t seed,
                                                  std::unique_ptr<FusedBackend> backend) {
-  RETURN_IF_ERROR(check_fused_gpt_config(config, batch, time));
+  return make(config, batch, time, seed, std::move(backend), default_attn_mask(config));
+}
+
+Result<std::unique_ptr<FusedGpt>> FusedGpt::make(const GptConfig& config, int64_t batch,
+                                                 int64_t time, uint64_t seed,
+                                                 std::unique_ptr<FusedBackend> backend,
+                                                 const ops::AttnMask& mask) {
+  RETURN_IF_ERROR(check_fused_gpt_config(config, batch, time, mask));
   if (!backend) return invalid_argument("fused GPT: no backend");
-  std::unique_ptr<FusedGpt> m(new FusedGpt(config, batch, time, std::move(backend)));
+  std::unique_ptr<FusedGpt> m(new FusedGpt(config, batch, time, mask, std::move(backend)));
   m->loss_vocab_ = config.vocab_size;
   m->layout_ = fused_gpt_layout(config);
   for (const auto& p : m->layout_) m->num_params_ += p.numel;
@@ -125,6 +149,8 @@ Result<std::unique_ptr<FusedGpt>> FusedGpt::make(const GptConfig& config, int64_
                           at(h + "mlp.c_fc.weight"), at(h + "mlp.c_fc.bias"),
                           at(h + "mlp.c_proj.weight"), at(h + "mlp.c_proj.bias")});
   }
+  m->wte_ = at("transformer.wte.weight");
+  m->wpe_ = at("transformer.wpe.weight");
   m->lnfw_ = at("transformer.ln_f.weight");
   m->lnfb_ = at("transformer.ln_f.bias");
   RETURN_IF_ERROR(m->allocate(), "fused GPT on " + m->backend_->name());
@@ -217,6 +243,25 @@ Status FusedGpt::allocate() {
   ASSIGN_OR_RETURN(a_.dfch, floats(4 * N * C), "backward scratch");
   ASSIGN_OR_RETURN(a_.datt, floats(B * H * T * T), "backward scratch");
   ASSIGN_OR_RETURN(a_.scalars, get(kScalarBytes));
+  if (config_.rope) {
+    // ops::rope's table: angles p * base^(-2i/D) in double, their cos and sin rounded to fp32.
+    const int64_t D = config_.n_embd / config_.n_head, half = D / 2, P = positions_;
+    std::vector<float> cs(static_cast<size_t>(P * half)), sn(cs.size());
+    for (int64_t i = 0; i < half; ++i) {
+      const double inv_freq =
+          std::pow(config_.rope_base, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+      for (int64_t p = 0; p < P; ++p) {
+        const double a = static_cast<double>(p) * inv_freq;
+        cs[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(a));
+        sn[static_cast<size_t>(p * half + i)] = static_cast<float>(std::sin(a));
+      }
+    }
+    ASSIGN_OR_RETURN(a_.rope_cos, floats(cs.size()), "RoPE tables");
+    ASSIGN_OR_RETURN(a_.rope_sin, floats(sn.size()), "RoPE tables");
+    backend_->copy_to_backend(a_.rope_cos, cs.data(), cs.size() * sizeof(float));
+    backend_->copy_to_backend(a_.rope_sin, sn.data(), sn.size() * sizeof(float));
+    backend_->synchronize();  // the host tables go out of scope
+  }
   return ok_status();
 }
 
@@ -245,7 +290,8 @@ Status FusedGpt::load(const io::StateDict& sd) {
   if (!by_name.empty()) {
     return invalid_argument("fused GPT load: unexpected tensor '" + by_name.begin()->first +
                             "' for a GPT with L=" + std::to_string(config_.n_layer) +
-                            ", bias=" + (config_.bias ? "true" : "false"));
+                            ", bias=" + (config_.bias ? "true" : "false") +
+                            (config_.rope ? ", rotary positions (no wpe)" : ""));
   }
   std::vector<float> host(num_params_);
   for (const auto& [name, t] : sd) {
@@ -339,14 +385,16 @@ void FusedGpt::forward() {
   const int H = static_cast<int>(config_.n_head);
   const int N = B * T;
   const size_t NC = static_cast<size_t>(N) * C;
-  k.encoder_forward(a_.residual[0], a_.idx, param(wte_), param(wpe_), B, T, C);
+  const int P = static_cast<int>(positions_);  // row r is at position r % P
+  k.encoder_forward(a_.residual[0], a_.idx, param(wte_), param(wpe_), N / P, P, C);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const BlockIndex& p = blocks_[l];
     const float* x = a_.residual[l];
     k.layer_norm_forward(a_.ln1[l], a_.ln1_mean[l], a_.ln1_rstd[l], x, param(p.ln1w), param(p.ln1b),
                          N, C);
     k.linear_forward(a_.qkv[l], a_.ln1[l], param(p.qkvw), param(p.qkvb), N, C, 3 * C);
-    k.attention_forward(a_.atty[l], a_.att[l], a_.qkv[l], B, T, C, H, config_.causal);
+    if (config_.rope) k.rope(a_.qkv[l], a_.rope_cos, a_.rope_sin, N, C, H, P, false);
+    k.attention_forward(a_.atty[l], a_.att[l], a_.qkv[l], B, T, C, H, mask_);
     k.linear_forward(a_.tmp, a_.atty[l], param(p.attprojw), param(p.attprojb), N, C, C);
     k.residual_add(a_.resid_mid[l], x, a_.tmp, NC);
     k.layer_norm_forward(a_.ln2[l], a_.ln2_mean[l], a_.ln2_rstd[l], a_.resid_mid[l], param(p.ln2w),
@@ -371,6 +419,7 @@ void FusedGpt::backward() {
   const int H = static_cast<int>(config_.n_head);
   const int N = B * T;
   const size_t NC = static_cast<size_t>(N) * C;
+  const int P = static_cast<int>(positions_);
   k.zero(grads_, num_params_ * sizeof(float));
   k.cross_entropy_backward(a_.dlogits, a_.logits, a_.targets, weighted_ ? a_.weights : nullptr, N,
                            static_cast<int>(loss_vocab_), V);
@@ -392,6 +441,8 @@ void FusedGpt::backward() {
     k.linear_backward(a_.dbtc, grad(p.attprojw), grad(p.attprojb), a_.dres, a_.atty[li],
                       param(p.attprojw), N, C, C);
     k.attention_backward(a_.dqkv, a_.datt, a_.dbtc, a_.qkv[li], a_.att[li], B, T, C, H);
+    // qkv[li] holds the rotated q, k; rotating dq, dk back gives c_attn's output gradient.
+    if (config_.rope) k.rope(a_.dqkv, a_.rope_cos, a_.rope_sin, N, C, H, P, true);
     k.linear_backward(a_.dbtc, grad(p.qkvw), grad(p.qkvb), a_.dqkv, a_.ln1[li], param(p.qkvw), N, C,
                       3 * C);
     k.layer_norm_backward(a_.dbtc2, grad(p.ln1w), grad(p.ln1b), a_.dbtc, a_.residual[li],
@@ -399,7 +450,7 @@ void FusedGpt::backward() {
     k.residual_add(a_.dres, a_.dres, a_.dbtc2, NC);  // gradient of residual[li]
   }
   const EncoderBuckets bk{a_.bucket_order, a_.bucket_starts, a_.bucket_tokens, a_.num_unique};
-  k.encoder_backward(grad(wte_), grad(wpe_), a_.dres, bk, B, T, C);
+  k.encoder_backward(grad(wte_), grad(wpe_), a_.dres, bk, N / P, P, C);
 }
 
 Result<double> FusedGpt::loss(const int32_t* idx, const int32_t* targets, size_t count) {

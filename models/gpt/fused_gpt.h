@@ -2,9 +2,10 @@
 // parameter buffer in nanoGPT order, one gradient buffer of the same layout, AdamW moments,
 // activations sized once for (B, T). Its arithmetic goes through a FusedBackend (CPU or CUDA);
 // a step enqueues forward, backward, clipping and AdamW and reads back only the loss and the
-// gradient norm. Weights load from and export to models::Gpt's StateDict. The same trunk serves
-// the MDLM (models/mdlm/fused_engine.h): bidirectional attention, a loss over the first V of
-// V + 1 logits, and per-position weights.
+// gradient norm. Weights load from and export to models::Gpt's StateDict. Learned (wpe) or
+// rotary positions (RoPE on q and k, no wpe). The same trunk serves the MDLM
+// (models/mdlm/fused_engine.h): bidirectional or block-diffusion attention, positions that
+// repeat with a period, a loss over the first V of V + 1 logits, and per-position weights.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "core/io/state_dict.h"
+#include "core/ops/attention.h"
 #include "core/tensor/tensor.h"
 #include "models/gpt/fused_backend.h"
 #include "models/gpt/gpt.h"
@@ -29,15 +31,22 @@ struct FusedParam {
   bool decay = false;
 };
 
-// The flat layout of a GPT's parameters, in models::Gpt's state-dict order: wte, wpe, per layer
-// ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, then ln_f (biases when
-// config.bias). REQUIRES: config.validate() is ok.
+// The flat layout of a GPT's parameters, in models::Gpt's state-dict order: wte, wpe (absent
+// with config.rope), per layer ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, then
+// ln_f (biases when config.bias). REQUIRES: config.validate() is ok.
 std::vector<FusedParam> fused_gpt_layout(const GptConfig& config);
 
-// Why the fused trainer cannot run `config` (dropout > 0, RoPE, an invalid shape), or ok. Causal
-// and bidirectional (config.causal = false) attention are both supported. `batch` and `time` are B
-// and T of the activations (1 <= T <= block_size).
+// Why the fused trainer cannot run `config` (dropout > 0, an invalid shape), or ok. Causal and
+// bidirectional (config.causal = false) attention, learned and rotary positions are supported.
+// `batch` and `time` are B and T of the activations (1 <= T <= block_size).
 Status check_fused_gpt_config(const GptConfig& config, int64_t batch, int64_t time);
+// The same for a trunk whose attention follows `mask` instead of config.causal: mask.check(T)
+// must pass, and the positions (T, or mask.position_period(T) when it repeats them, as the
+// block-diffusion layout [x_t | x_0] does) must fit in block_size.
+Status check_fused_gpt_config(const GptConfig& config, int64_t batch, int64_t time,
+                              const ops::AttnMask& mask);
+// config.causal's mask: causal or full.
+ops::AttnMask default_attn_mask(const GptConfig& config);
 
 struct FusedOptimizer {
   double beta1 = 0.9;
@@ -69,6 +78,13 @@ class FusedGpt {
   static Result<std::unique_ptr<FusedGpt>> make(const GptConfig& config, int64_t batch,
                                                 int64_t time, uint64_t seed,
                                                 std::unique_ptr<FusedBackend> backend);
+  // The same with the attention under `mask` (checks: check_fused_gpt_config with the mask). Row
+  // t of a sequence is at position t % mask.position_period(T) (t when the period is 0) for wpe
+  // and RoPE alike, as models::Mdlm's trunk_forward.
+  static Result<std::unique_ptr<FusedGpt>> make(const GptConfig& config, int64_t batch,
+                                                int64_t time, uint64_t seed,
+                                                std::unique_ptr<FusedBackend> backend,
+                                                const ops::AttnMask& mask);
   ~FusedGpt();
   FusedGpt(const FusedGpt&) = delete;
   FusedGpt& operator=(const FusedGpt&) = delete;
@@ -76,6 +92,9 @@ class FusedGpt {
   const GptConfig& config() const { return config_; }
   int64_t batch() const { return b_; }
   int64_t time() const { return t_; }
+  const ops::AttnMask& attn_mask() const { return mask_; }
+  // Positions per sequence: T, or the period when positions repeat.
+  int64_t positions() const { return positions_; }
   const std::vector<FusedParam>& layout() const { return layout_; }
   size_t num_parameters() const { return num_params_; }
   FusedBackend& backend() { return *backend_; }
@@ -119,7 +138,8 @@ class FusedGpt {
   std::vector<float> logits_host();  // (B, T, V) of the last forward, all V columns
 
  private:
-  FusedGpt(const GptConfig& config, int64_t b, int64_t t, std::unique_ptr<FusedBackend> backend);
+  FusedGpt(const GptConfig& config, int64_t b, int64_t t, const ops::AttnMask& mask,
+           std::unique_ptr<FusedBackend> backend);
   Status allocate();
   Status set_batch(const FusedBatch& batch);
   void forward();
@@ -131,6 +151,8 @@ class FusedGpt {
 
   GptConfig config_;
   int64_t b_, t_;
+  ops::AttnMask mask_;
+  int64_t positions_;  // t_, or mask_'s position period
   std::unique_ptr<FusedBackend> backend_;
   std::vector<FusedParam> layout_;
   size_t num_params_ = 0;
@@ -139,7 +161,7 @@ class FusedGpt {
     int ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
   };
   std::vector<BlockIndex> blocks_;
-  int wte_ = 0, wpe_ = 1, lnfw_ = -1, lnfb_ = -1;
+  int wte_ = 0, wpe_ = 1, lnfw_ = -1, lnfb_ = -1;  // wpe_ = -1 with RoPE
   int64_t steps_ = 0;
   int64_t loss_vocab_ = 0;  // set to V by make()
   bool weighted_ = false;   // the current batch has weights (a_.weights)
@@ -175,7 +197,10 @@ class FusedGpt {
     float* dqkv = nullptr;     // (B, T, 3C)
     float* dfch = nullptr;     // (B, T, 4C)
     float* datt = nullptr;     // (B, H, T, T)
-                               // [norm_sq: double][loss: float], read back together.
+    // RoPE: cos and sin of each position's angles, (positions, D/2) each (null without RoPE).
+    float* rope_cos = nullptr;
+    float* rope_sin = nullptr;
+    // [norm_sq: double][loss: float], read back together.
     void* scalars = nullptr;
   } a_;
   // Host staging of the batch (kept until the next batch: copies may still read them).

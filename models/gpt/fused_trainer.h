@@ -18,8 +18,9 @@ struct FusedTrainOptions {
 
 // Same outputs as train_gpt (<out_dir>/ckpt.safetensors, best.safetensors, metrics.jsonl,
 // config.toml); `starling sample` and the federation read them as usual. Refuses (with the
-// reason) what the fused engine does not support: non-GPT archs, dropout > 0, non-causal
-// attention, RoPE, the SGD optimizer; and a CUDA request in a build or machine without it.
+// reason) what the fused engine does not support: non-GPT archs, dropout > 0, the SGD
+// optimizer; and a CUDA request in a build or machine without it. Learned (wpe) and rotary
+// (model.pos_encoding = "rope") positions both train.
 // The engine for train_gpt (GptEngineFactory): the checks above, then a FusedGpt on the chosen
 // backend.
 GptEngineFactory fused_engine_factory(const FusedTrainOptions& options);

@@ -8,18 +8,22 @@
 
 namespace starling::models {
 
+ops::AttnMask fused_mdlm_attn_mask(const MdlmConfig& c) {
+  return c.block_diffusion() ? ops::AttnMask::block_diffusion(c.block_tokens())
+                             : ops::AttnMask::full();
+}
+
+namespace {
+
+// The trunk's sequence: x_t (T), or [x_t | x_0] (2T) with block diffusion.
+int64_t trunk_time(const MdlmConfig& c) {
+  return c.block_diffusion() ? 2 * c.block_size : c.block_size;
+}
+
+}  // namespace
+
 Status check_fused_mdlm_config(const MdlmConfig& c, int64_t batch) {
   RETURN_IF_ERROR(c.validate(), "fused MDLM");
-  if (c.rope) {
-    return unimplemented(
-        "fused MDLM: model.pos_encoding = \"rope\" is not supported (learned positions only); "
-        "use train.engine = \"autograd\"");
-  }
-  if (c.block_diffusion()) {
-    return unimplemented("fused MDLM: diffusion.block_length = " + std::to_string(c.block_length) +
-                         " (block diffusion) is not supported (the plain MDLM only: "
-                         "diffusion.block_length = 0); use train.engine = \"autograd\"");
-  }
   if (c.noise != DiffusionNoise::kAbsorbing) {
     return unimplemented(
         "fused MDLM: diffusion.noise = \"uniform\" is not supported (absorbing noise only); use "
@@ -32,7 +36,9 @@ Status check_fused_mdlm_config(const MdlmConfig& c, int64_t batch) {
   }
   if (batch <= 0) return invalid_argument("fused MDLM: train.batch_size must be positive");
   const int64_t rows = c.antithetic ? 2 * batch : batch;
-  RETURN_IF_ERROR(check_fused_gpt_config(c.trunk_config(), rows, c.block_size), "fused MDLM");
+  RETURN_IF_ERROR(
+      check_fused_gpt_config(c.trunk_config(), rows, trunk_time(c), fused_mdlm_attn_mask(c)),
+      "fused MDLM");
   return ok_status();
 }
 
@@ -45,10 +51,10 @@ Result<std::unique_ptr<FusedMdlm>> FusedMdlm::make(const MdlmConfig& config, int
   RETURN_IF_ERROR(check_fused_mdlm_config(config, batch));
   std::unique_ptr<FusedMdlm> m(new FusedMdlm(config, batch, seed));
   const int64_t rows = config.antithetic ? 2 * batch : batch;
-  ASSIGN_OR_RETURN(
-      m->trunk_,
-      FusedGpt::make(config.trunk_config(), rows, config.block_size, seed, std::move(backend)),
-      "fused MDLM");
+  ASSIGN_OR_RETURN(m->trunk_,
+                   FusedGpt::make(config.trunk_config(), rows, trunk_time(config), seed,
+                                  std::move(backend), fused_mdlm_attn_mask(config)),
+                   "fused MDLM");
   // SUBS: the loss reads the V data logits, never [MASK]'s (wte's row V).
   RETURN_IF_ERROR(m->trunk_->set_loss_vocab(config.vocab_size), "fused MDLM");
   // The autograd Mdlm's initialization, whatever models::Gpt's is.
@@ -71,42 +77,56 @@ Result<FusedBatch> FusedMdlm::stage(const Tensor& x0, std::span<const double> t,
     return invalid_argument("fused MDLM: a batch of " + std::to_string(b) +
                             " sequences; this engine takes 1 to " + std::to_string(rows()));
   }
-  if (static_cast<int64_t>(t.size()) != b) {
+  const int64_t nb = config_.num_blocks(), bl = len / nb;
+  if (static_cast<int64_t>(t.size()) != b * nb) {
     return invalid_argument("fused MDLM: " + std::to_string(t.size()) + " times for " +
-                            std::to_string(b) + " sequences (one each)");
+                            std::to_string(b) + " sequences (" +
+                            (nb == 1 ? std::string("one each")
+                                     : "one per diffusion block: " + std::to_string(nb) + " each") +
+                            ")");
   }
   for (size_t i = 0; i < t.size(); ++i) {
     if (!(std::isfinite(t[i]) && t[i] > 0.0 && t[i] <= 1.0)) {
-      return invalid_argument("fused MDLM: time " + std::to_string(t[i]) + " of sequence " +
-                              std::to_string(i) + " is outside (0, 1]");
+      return invalid_argument(
+          "fused MDLM: time " + std::to_string(t[i]) + " of sequence " +
+          std::to_string(static_cast<int64_t>(i) / nb) +
+          (nb == 1 ? std::string() : ", block " + std::to_string(static_cast<int64_t>(i) % nb)) +
+          " is outside (0, 1]");
     }
   }
   const Tensor x0c = x0.contiguous(), xtc = xt.contiguous();
   const int32_t* px = x0c.data<int32_t>();
   const int32_t* pz = xtc.data<int32_t>();
-  const size_t n = static_cast<size_t>(rows() * len);
+  // Each trunk row: x_t, then with block diffusion x_0 (its positions repeat x_t's; no targets).
+  const int64_t seq = trunk_->time();
+  const size_t n = static_cast<size_t>(rows() * seq);
   idx_.assign(n, 0);  // padding rows: any token, every target ignored
   targets_.assign(n, -1);
   weights_.assign(n, 0.0f);
   const double norm = 1.0 / static_cast<double>(b * len);
   const auto mask = static_cast<int32_t>(v);
+  const bool bd = seq != len;
   for (int64_t k = 0; k < b * len; ++k) {
+    const int64_t row = k / len, col = k % len;
+    const auto at = static_cast<size_t>(row * seq + col);
     const int32_t z = pz[k];
     if (z < 0 || z > mask) {
       return invalid_argument("fused MDLM: xt at position " + std::to_string(k) + " (" +
                               std::to_string(z) +
                               ") is outside [0, V] ([MASK] = " + std::to_string(mask) + ")");
     }
-    idx_[static_cast<size_t>(k)] = z;
-    if (z != mask) continue;
-    if (px[k] < 0 || px[k] >= mask) {
+    // x0 is an input too with block diffusion: every token must be a data token then.
+    if ((z == mask || bd) && (px[k] < 0 || px[k] >= mask)) {
       return invalid_argument("fused MDLM: x0 at position " + std::to_string(k) + " (" +
                               std::to_string(px[k]) + ") is outside the vocabulary [0, " +
                               std::to_string(v) + ")");
     }
-    // Mdlm::loss's weight: (1/t) / (b*T) on each masked position.
-    targets_[static_cast<size_t>(k)] = px[k];
-    weights_[static_cast<size_t>(k)] = static_cast<float>(norm / t[static_cast<size_t>(k / len)]);
+    idx_[at] = z;
+    if (bd) idx_[at + static_cast<size_t>(len)] = px[k];
+    if (z != mask) continue;
+    // Mdlm::loss's weight: (1/t) / (b*T) on each masked position, t of the position's block.
+    targets_[at] = px[k];
+    weights_[at] = static_cast<float>(norm / t[static_cast<size_t>(row * nb + col / bl)]);
   }
   return FusedBatch{idx_.data(), targets_.data(), weights_.data(), n};
 }

@@ -1,8 +1,10 @@
 // FusedMdlm: the absorbing-noise MDLM of models/mdlm/mdlm.h trained on the fused engine
 // (models/gpt/fused_gpt.h, CPU or CUDA backend). The corruption stays on the host: a models::Mdlm
 // draws times and masks; the bidirectional trunk with V + 1 embeddings runs as a FusedGpt whose
-// loss reads the first V logits with weights (1/t) / (B*T) on the masked positions. Also the
-// fused MdlmEngine of train_mdlm (`starling train` with train.engine = "fused" or --device cuda).
+// loss reads the first V logits with weights (1/t) / (B*T) on the masked positions. Learned or
+// rotary positions; block diffusion runs the trunk on rows [x_t | x_0] of 2T under
+// ops::AttnMask::block_diffusion, the loss on the x_t half. Also the fused MdlmEngine of
+// train_mdlm (`starling train` with train.engine = "fused" or --device cuda).
 #pragma once
 
 #include <cstdint>
@@ -23,11 +25,13 @@
 namespace starling::models {
 
 // Why the fused engine cannot train `config` with `batch` sequences per step, naming the key:
-// rotary positions (model.pos_encoding), block diffusion (diffusion.block_length strictly
-// between 0 and model.block_size), uniform noise (diffusion.noise), dropout (model.dropout); or
-// the trunk's shape checks (check_fused_gpt_config). Ok for the plain MDLM with either masking
-// (bernoulli or count, antithetic too).
+// uniform noise (diffusion.noise), dropout (model.dropout); or the trunk's shape checks
+// (check_fused_gpt_config). Ok for the MDLM and block diffusion (any diffusion.block_length),
+// learned or rotary positions, either masking (bernoulli or count, antithetic too).
 Status check_fused_mdlm_config(const MdlmConfig& config, int64_t batch);
+// The trunk's attention: full, or with block diffusion (0 < block_length < block_size)
+// ops::AttnMask::block_diffusion(block_length) over [x_t | x_0] (2T positions, period T).
+ops::AttnMask fused_mdlm_attn_mask(const MdlmConfig& config);
 
 class FusedMdlm {
  public:
@@ -46,9 +50,9 @@ class FusedMdlm {
   int64_t num_parameters() const { return static_cast<int64_t>(trunk_->num_parameters()); }
 
   // Mdlm::loss(x0, t, xt): the NELBO per token of x0 (b, T) i32 given its corruption xt (b, T)
-  // i32 at times t (b values in (0, 1]), b <= rows(): sum over masked positions of
-  // (1/t) * -log p(x0 | xt), divided by b * T. Forward only. Bad shapes, ids or times:
-  // InvalidArgument naming them.
+  // i32 at times t (b * num_blocks values in (0, 1], one per diffusion block), b <= rows(): sum
+  // over masked positions of (1/t) * -log p(x0 | xt), t of the position's block, divided by
+  // b * T. Forward only. Bad shapes, ids or times: InvalidArgument naming them.
   Result<double> loss(const Tensor& x0, std::span<const double> t, const Tensor& xt);
   // The same, with the gradients of every weight left in trunk().gradients_host().
   Result<double> forward_backward(const Tensor& x0, std::span<const double> t, const Tensor& xt);
@@ -77,9 +81,10 @@ class FusedMdlm {
 
  private:
   FusedMdlm(const MdlmConfig& config, int64_t batch, uint64_t seed);
-  // Host staging of (x0, t, xt) into the trunk's batch: xt as inputs, x0 as targets at the
-  // masked positions (-1 elsewhere), weights (1/t) / (b*T); rows b.. of the trunk's batch are
-  // padding with every target ignored.
+  // Host staging of (x0, t, xt) into the trunk's batch: xt as inputs (then x0 with block
+  // diffusion: rows of 2T), x0 as targets at the masked positions of xt (-1 elsewhere and on the
+  // whole x0 half), weights (1/t) / (b*T); rows b.. of the trunk's batch are padding with every
+  // target ignored.
   Result<FusedBatch> stage(const Tensor& x0, std::span<const double> t, const Tensor& xt);
 
   MdlmConfig config_;

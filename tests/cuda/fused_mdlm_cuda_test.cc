@@ -75,7 +75,8 @@ TEST_CASE("fused backend attention, causal and bidirectional, matches the CPU ba
     float* p = a.make<float>(natt);
     float* s = a.make<float>(natt);
     float* g = a.make<float>(nqkv);
-    backends[i]->attention_forward(o, p, q, b, t, c, h, causal);
+    backends[i]->attention_forward(o, p, q, b, t, c, h,
+                                   causal ? ops::AttnMask::causal() : ops::AttnMask::full());
     backends[i]->attention_backward(g, s, d, q, p, b, t, c, h);
     out[i] = a.get(o, nout);
     att[i] = a.get(p, natt);
@@ -86,6 +87,58 @@ TEST_CASE("fused backend attention, causal and bidirectional, matches the CPU ba
   require_close(dqkv[1], as_double(dqkv[0]));
   if (!causal && t > 1) {  // every key is seen: no probability above the diagonal is 0
     CHECK(att[0][1] > 0.0f);
+  }
+}
+
+TEST_CASE("fused backend attention under block-causal and block-diffusion masks matches the CPU",
+          "[cuda]") {
+  STARLING_REQUIRE_GPU();
+  // (B, T, C, H, block, diffusion): block-causal and the [x_t | x_0] layout, blocks of 1 (the
+  // autoregressive end), odd block counts, and rows longer than one thread block.
+  const auto [b, t, c, h, block, diffusion] =
+      GENERATE(table<int, int, int, int, int, bool>({{1, 6, 12, 3, 2, false},
+                                                     {2, 35, 16, 2, 5, false},
+                                                     {1, 130, 48, 6, 13, false},
+                                                     {1, 4, 12, 3, 1, true},
+                                                     {2, 12, 16, 2, 3, true},
+                                                     {1, 136, 48, 6, 4, true}}));
+  INFO("B " << b << " T " << t << " C " << c << " H " << h << " block " << block << " diffusion "
+            << diffusion);
+  const ops::AttnMask mask =
+      diffusion ? ops::AttnMask::block_diffusion(block) : ops::AttnMask::block_causal(block);
+  REQUIRE(mask.check(t).empty());
+  const size_t nqkv = size_t(b) * t * 3 * c, nout = size_t(b) * t * c, natt = size_t(b) * h * t * t;
+  const auto qkv = random_floats(nqkv, 21), dout = random_floats(nout, 22);
+  std::vector<float> out[2], att[2], dqkv[2];
+  auto cpu = models::make_fused_cpu_backend();
+  auto gpu = cuda_backend();
+  FusedBackend* backends[2] = {cpu.get(), gpu.get()};
+  for (int i = 0; i < 2; ++i) {
+    Arena a(*backends[i]);
+    float* q = a.put(qkv);
+    float* d = a.put(dout);
+    float* o = a.make<float>(nout);
+    float* p = a.make<float>(natt);
+    float* s = a.make<float>(natt);
+    float* g = a.make<float>(nqkv);
+    backends[i]->attention_forward(o, p, q, b, t, c, h, mask);
+    backends[i]->attention_backward(g, s, d, q, p, b, t, c, h);
+    out[i] = a.get(o, nout);
+    att[i] = a.get(p, natt);
+    dqkv[i] = a.get(g, nqkv);
+  }
+  require_close(out[1], as_double(out[0]));
+  require_close(att[1], as_double(att[0]));
+  require_close(dqkv[1], as_double(dqkv[0]));
+  // The GPU's probabilities are 0 exactly off the mask's key ranges and positive on them.
+  for (int i = 0; i < t; ++i) {
+    const auto r = mask.key_ranges(i, t);
+    for (int j = 0; j < t; ++j) {
+      const bool in = (j >= r[0] && j < r[1]) || (j >= r[2] && j < r[3]);
+      const float pr = att[1][size_t(i) * t + j];
+      INFO("query " << i << " key " << j);
+      REQUIRE((in ? pr > 0.0f : pr == 0.0f));
+    }
   }
 }
 
@@ -206,6 +259,52 @@ TEST_CASE("fused MDLM on CUDA: gradients and 10 steps match the CPU backend", "[
   auto host = gpu->host_model();
   REQUIRE(host.ok());
   CHECK((*host)->state_dict().size() == gpu->trunk().layout().size());
+}
+
+TEST_CASE("fused MDLM with RoPE and block diffusion on CUDA: gradients and 10 steps match the CPU",
+          "[cuda]") {
+  STARLING_REQUIRE_GPU();
+  // (rope, block_length): rotary positions; block diffusion with learned positions (wpe read
+  // with period T) and with rotary ones, over rows [x_t | x_0] of 2T.
+  const auto [rope, block_length] =
+      GENERATE(table<bool, int64_t>({{true, 0}, {false, 4}, {true, 2}, {true, 8}}));
+  const int which = GENERATE(0, 1);
+  INFO("rope " << rope << " block_length " << block_length << " shape " << which);
+  auto c = mdlm_shape(which);
+  c.rope = rope;
+  c.block_length = block_length;
+  const int64_t b = 4;
+  auto cpu = make_mdlm(c, b, false);
+  auto gpu = make_mdlm(c, b, true);
+  const Tensor x0 = random_x0(b, c, 31);
+  Rng r_cpu(32);
+  const auto dc = cpu->draw(x0, r_cpu);
+  auto lc = cpu->forward_backward(dc.x0, dc.noised.t, dc.noised.xt);
+  auto lg = gpu->forward_backward(dc.x0, dc.noised.t, dc.noised.xt);
+  REQUIRE(lc.ok());
+  REQUIRE(lg.ok());
+  CHECK(*lg == Approx(*lc).epsilon(1e-5));
+  testing::require_close(gpu->trunk().logits_host(), as_double(cpu->trunk().logits_host()), 1e-4);
+  const auto gc = cpu->trunk().gradients_host(), gg = gpu->trunk().gradients_host();
+  for (const auto& p : cpu->trunk().layout()) {
+    INFO(p.name);
+    const auto off = static_cast<std::ptrdiff_t>(p.offset);
+    const auto len = static_cast<std::ptrdiff_t>(p.numel);
+    require_close(std::vector<float>(gg.begin() + off, gg.begin() + off + len),
+                  as_double(std::vector<float>(gc.begin() + off, gc.begin() + off + len)), 1e-4);
+  }
+  const models::FusedOptimizer opt{0.9, 0.99, 1e-8, 0.1};
+  Rng n_cpu(33), n_gpu(33);
+  for (int it = 0; it < 10; ++it) {
+    INFO("step " << it);
+    const Tensor x = random_x0(b, c, 300 + static_cast<uint64_t>(it));
+    auto sc = cpu->train_step(x, n_cpu, 3e-3, opt, 1.0);
+    auto sg = gpu->train_step(x, n_gpu, 3e-3, opt, 1.0);
+    REQUIRE(sc.ok());
+    REQUIRE(sg.ok());
+    CHECK(std::abs(sg->loss - sc->loss) <= 1e-3 * std::max(1.0, sc->loss));
+    CHECK(sg->grad_norm == Approx(sc->grad_norm).epsilon(1e-3));
+  }
 }
 
 }  // namespace

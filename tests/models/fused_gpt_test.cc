@@ -134,7 +134,64 @@ TEST_CASE("fused GPT gradients match autograd for every parameter", "[models][fu
   }
 }
 
-v1::RunConfig tiny_run(const std::filesystem::path& dir, const std::string& out) {
+TEST_CASE("fused GPT with RoPE: logits and loss and every gradient equal the autograd GPT's",
+          "[models][fused]") {
+  const bool bias = GENERATE(false, true);
+  const bool causal = GENERATE(true, false);
+  const int64_t t = GENERATE(int64_t{8}, int64_t{5});  // full block and a shorter sequence
+  INFO("bias " << bias << " causal " << causal << " T " << t);
+  GptConfig c = tiny(bias);
+  c.causal = causal;
+  c.rope = true;
+  c.rope_base = 100.0;  // large angles at these tiny T: every pair turns visibly
+  const int64_t b = 3;
+  const auto sd = testing::random_fused_weights(c, 13);
+  Gpt ref(c, 1);
+  REQUIRE(ref.load(sd).ok());
+  auto fused = make_fused(c, b, t);
+  // models::Gpt's state dict without wpe, so checkpoints interchange.
+  for (const auto& p : fused->layout()) CHECK(p.name != "transformer.wpe.weight");
+  REQUIRE(fused->load(sd).ok());
+  const auto x = random_tokens(static_cast<size_t>(b * t), c.vocab_size, 33);
+  const auto y = random_tokens(static_cast<size_t>(b * t), c.vocab_size, 34);
+
+  auto loss = fused->forward_backward(x.data(), y.data(), x.size());
+  REQUIRE(loss.ok());
+  const Tensor want_logits = ref.forward(Tensor::from_vector(x, {b, t}));
+  const auto logits = fused->logits_host();
+  REQUIRE(logits.size() == static_cast<size_t>(want_logits.numel()));
+  CHECK(normalized_error(logits.data(), want_logits.data<float>(), logits.size()) <= 1e-5);
+  Tensor ref_loss = ref.loss(Tensor::from_vector(x, {b, t}), Tensor::from_vector(y, {b, t}));
+  autograd::backward(ref_loss);
+  CHECK(*loss == Approx(ref_loss.item()).epsilon(1e-6));
+  const auto grads = fused->gradients_host();
+  const auto named = ref.named_parameters();
+  REQUIRE(named.size() == fused->layout().size());
+  for (size_t i = 0; i < named.size(); ++i) {
+    const auto& p = fused->layout()[i];
+    INFO(p.name);
+    REQUIRE(named[i].first == p.name);
+    const Tensor g = named[i].second.grad();
+    REQUIRE(g.defined());
+    REQUIRE(static_cast<size_t>(g.numel()) == p.numel);
+    CHECK(normalized_error(grads.data() + p.offset, g.data<float>(), p.numel) <= 1e-5);
+  }
+  // The positions matter: the same weights without RoPE give other logits.
+  GptConfig learned = c;
+  learned.rope = false;
+  Gpt plain(learned, 1);
+  auto plain_sd = sd;
+  plain_sd.emplace(plain_sd.begin() + 1, "transformer.wpe.weight",
+                   Tensor::zeros({c.block_size, c.n_embd}));
+  REQUIRE(plain.load(plain_sd).ok());
+  const Tensor no_rope = plain.forward(Tensor::from_vector(x, {b, t}));
+  CHECK(normalized_error(logits.data(), no_rope.data<float>(), logits.size()) > 1e-3);
+  // A learned-position checkpoint does not load into the rotary trunk: wpe is named.
+  CHECK_THAT(fused->load(plain_sd).message(), Catch::Contains("transformer.wpe.weight"));
+}
+
+v1::RunConfig tiny_run(const std::filesystem::path& dir, const std::string& out,
+                       const std::string& extra = "") {
   return testing::tiny_text_run(dir, out, R"(
 [model]
 arch = "gpt"
@@ -143,7 +200,7 @@ n_layer = 2
 n_head = 2
 n_embd = 32
 bias = true
-)");
+)" + extra);
 }
 
 TEST_CASE("10 fused training steps give train_gpt's losses", "[models][fused]") {
@@ -180,6 +237,38 @@ TEST_CASE("10 fused training steps give train_gpt's losses", "[models][fused]") 
   // Same metadata keys (the config differs in train.out_dir only).
   REQUIRE(ckpt_f->metadata.size() == ckpt_a->metadata.size());
   for (const auto& [k, v] : ckpt_a->metadata) CHECK(ckpt_f->metadata.count(k) == 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("10 fused training steps of a RoPE GPT give train_gpt's losses", "[models][fused]") {
+  const auto dir = std::filesystem::temp_directory_path() / "starling_fused_gpt_rope";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string rope = "pos_encoding = \"rope\"\nrope_base = 1000.0\n";
+  const auto cfg_a = tiny_run(dir, "autograd", rope);
+  const auto cfg_f = tiny_run(dir, "fused", rope);
+  REQUIRE(cfg_f.model().pos_encoding() == v1::ModelConfig::ROPE);
+  auto ra = train_gpt(cfg_a, "autograd.toml");
+  REQUIRE(ra.ok());
+  auto rf = train_gpt_fused(cfg_f, "fused.toml", FusedTrainOptions{});
+  INFO(rf.status().message());
+  REQUIRE(rf.ok());
+  const auto seen = testing::compare_engine_metrics(dir / "autograd" / "metrics.jsonl",
+                                                    dir / "fused" / "metrics.jsonl");
+  REQUIRE(seen.train_lines == 10);
+  REQUIRE(seen.finals == 1);
+  REQUIRE(seen.clipped > 0);
+  CHECK(rf->val_loss == Approx(ra->val_loss).margin(1e-4));
+  // The checkpoint has the autograd run's tensors: no wpe.
+  auto ckpt_f = io::load_safetensors(dir / "fused" / "ckpt.safetensors");
+  auto ckpt_a = io::load_safetensors(dir / "autograd" / "ckpt.safetensors");
+  REQUIRE(ckpt_f.ok());
+  REQUIRE(ckpt_a.ok());
+  REQUIRE(ckpt_f->tensors.size() == ckpt_a->tensors.size());
+  for (size_t i = 0; i < ckpt_f->tensors.size(); ++i) {
+    CHECK(ckpt_f->tensors[i].first == ckpt_a->tensors[i].first);
+    CHECK(ckpt_f->tensors[i].first != "transformer.wpe.weight");
+  }
   std::filesystem::remove_all(dir);
 }
 
@@ -225,11 +314,22 @@ TEST_CASE("fused GPT refuses what it cannot run", "[models][fused]") {
     REQUIRE(st.code() == StatusCode::kUnimplemented);
     CHECK_THAT(st.message(), Catch::Contains("model.dropout"));
   }
-  SECTION("rope") {
+  SECTION("rope needs an even head size") {
     c.rope = true;
+    REQUIRE(check_fused_gpt_config(c, 2, 8).ok());
+    c.n_embd = 18;  // D = 9
     const Status st = check_fused_gpt_config(c, 2, 8);
-    REQUIRE(st.code() == StatusCode::kUnimplemented);
-    CHECK_THAT(st.message(), Catch::Contains("rope"));
+    REQUIRE(st.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(st.message(), Catch::Contains("model.pos_encoding"));
+  }
+  SECTION("masks the sequence does not fit") {
+    // Block diffusion over 2T = 8 rows: blocks of 2 fit, 3 do not; 2T > block_size is fine
+    // since positions repeat with period T = 4.
+    CHECK(check_fused_gpt_config(c, 2, 8, ops::AttnMask::block_diffusion(2)).ok());
+    CHECK(check_fused_gpt_config(c, 2, 16, ops::AttnMask::block_diffusion(2)).ok());
+    CHECK_FALSE(check_fused_gpt_config(c, 2, 8, ops::AttnMask::block_diffusion(3)).ok());
+    CHECK_THAT(check_fused_gpt_config(c, 2, 18, ops::AttnMask::block_diffusion(3)).message(),
+               Catch::Contains("block_size"));
   }
   SECTION("sequence longer than the block") {
     CHECK_THAT(check_fused_gpt_config(c, 2, 9).message(), Catch::Contains("block_size"));

@@ -106,12 +106,79 @@ TEST_CASE("fused MDLM loss and every gradient equal the autograd Mdlm's", "[mode
   CHECK(mask_row > 0.0);
 }
 
+TEST_CASE("fused MDLM with RoPE and block diffusion: loss and every gradient equal the Mdlm's",
+          "[models][fused]") {
+  // (rope, block_length): rotary positions alone, block diffusion over blocks of 2 and 4 with
+  // learned positions (wpe read with period T) and with rotary ones (angles with period T).
+  const auto [rope, block_length] =
+      GENERATE(table<bool, int64_t>({{true, 0}, {false, 2}, {false, 4}, {true, 2}, {true, 4}}));
+  const int64_t b = GENERATE(int64_t{3}, int64_t{2});  // a full batch, and fewer rows
+  INFO("rope " << rope << " block_length " << block_length << " rows " << b);
+  MdlmConfig c = tiny(true);
+  c.rope = rope;
+  c.rope_base = 100.0;
+  c.block_length = block_length;
+  const auto sd = testing::random_fused_weights(c.trunk_config(), 13);
+  Mdlm ref(c, 1);
+  REQUIRE(ref.load(sd).ok());
+  auto fused = make_fused(c, 3);
+  const int64_t seq = block_length > 0 ? 2 * kT : kT;
+  REQUIRE(fused->trunk().time() == seq);
+  REQUIRE(fused->trunk().positions() == kT);
+  REQUIRE(fused->load(sd).ok());
+  const Tensor x0 = random_x0(b, 23);
+  Rng rng(24);
+  const auto t = ref.sample_times(b * c.num_blocks(), rng);
+  const NoisedBatch nb = ref.corrupt(x0, t, rng);
+  int masked = 0;
+  for (int64_t i = 0; i < nb.xt.numel(); ++i) masked += nb.xt.data<int32_t>()[i] == kV ? 1 : 0;
+  REQUIRE(masked > 0);
+  REQUIRE(masked < nb.xt.numel());
+
+  auto loss = fused->forward_backward(x0, nb.t, nb.xt);
+  INFO(loss.status().message());
+  REQUIRE(loss.ok());
+  Tensor ref_loss = ref.loss(x0, nb.t, nb.xt);
+  autograd::backward(ref_loss);
+  CHECK(*loss == Approx(ref_loss.item()).epsilon(1e-5));
+  // The data logits of the x_t half are Mdlm::forward's.
+  const Tensor want = ref.forward(nb.xt, x0);        // (b, T, V)
+  const auto logits = fused->trunk().logits_host();  // (rows, seq, V + 1)
+  double err = 0.0, scale = 1e-30;
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j < kT; ++j) {
+      for (int64_t v = 0; v < kV; ++v) {
+        const double w = want.data<float>()[(i * kT + j) * kV + v];
+        err =
+            std::max(err, std::abs(logits[static_cast<size_t>((i * seq + j) * (kV + 1) + v)] - w));
+        scale = std::max(scale, std::abs(w));
+      }
+    }
+  }
+  CHECK(err / scale <= 1e-5);
+
+  const auto grads = fused->trunk().gradients_host();
+  const auto named = ref.named_parameters();
+  REQUIRE(named.size() == fused->trunk().layout().size());
+  for (size_t i = 0; i < named.size(); ++i) {
+    const auto& p = fused->trunk().layout()[i];
+    INFO(p.name);
+    REQUIRE(named[i].first == p.name);
+    const Tensor g = named[i].second.grad();
+    REQUIRE(g.defined());
+    REQUIRE(static_cast<size_t>(g.numel()) == p.numel);
+    CHECK(normalized_error(grads.data() + p.offset, g.data<float>(), p.numel) <= 1e-5);
+  }
+}
+
 TEST_CASE("fused MDLM draws Mdlm::loss's corruption", "[models][fused]") {
   // bernoulli, count, antithetic count: the step's loss is Mdlm::loss(x0, rng)'s for the same
   // weights and rng, and both leave the rng in the same state.
   const int mode = GENERATE(0, 1, 2);
-  INFO("mode " << mode);
+  const int64_t block_length = GENERATE(int64_t{0}, int64_t{4});  // one time per block of 4
+  INFO("mode " << mode << " block_length " << block_length);
   MdlmConfig c = tiny(false);
+  c.block_length = block_length;
   c.masking = mode == 0 ? MaskSampling::kBernoulli : MaskSampling::kCount;
   c.antithetic = mode == 2;
   const auto sd = testing::random_fused_weights(c.trunk_config(), 12);
@@ -192,6 +259,58 @@ TEST_CASE("10 fused MDLM training steps give train_mdlm's losses", "[models][fus
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("10 fused steps of RoPE and block-diffusion MDLMs give train_mdlm's losses",
+          "[models][fused]") {
+  // Rotary positions; block diffusion over blocks of 2 (learned positions); blocks of 4 with
+  // rotary positions and antithetic count masks (2B rows of [x_t | x_0]).
+  const int variant = GENERATE(0, 1, 2);
+  INFO("variant " << variant);
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("starling_fused_mdlm_bd_" + std::to_string(variant));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string diffusion[] = {
+      "",
+      "block_length = 2\n",
+      "block_length = 4\nmasking = \"count\"\nantithetic = true\n",
+  };
+  const std::string rope = variant == 1 ? "" : "pos_encoding = \"rope\"\n";
+  auto make_cfg =
+      [&](const std::string& out) {
+        return testing::tiny_text_run(dir, out, R"(
+[model]
+arch = "mdlm"
+block_size = 16
+n_layer = 2
+n_head = 2
+n_embd = 32
+bias = true
+causal = false
+)" + rope + "[diffusion]\nsampling_steps = 8\n" + diffusion[variant]);
+      };
+  const auto cfg_a = make_cfg("autograd");
+  const auto cfg_f = make_cfg("fused");
+  auto ra = train_mdlm(cfg_a, "autograd.toml");
+  REQUIRE(ra.ok());
+  auto rf = train_mdlm_fused(cfg_f, "fused.toml", FusedTrainOptions{});
+  INFO(rf.status().message());
+  REQUIRE(rf.ok());
+  const auto seen = testing::compare_engine_metrics(dir / "autograd" / "metrics.jsonl",
+                                                    dir / "fused" / "metrics.jsonl");
+  REQUIRE(seen.train_lines == 10);
+  REQUIRE(seen.finals == 1);
+  REQUIRE(seen.clipped > 0);
+  CHECK(rf->val_loss == Approx(ra->val_loss).margin(1e-4));
+  CHECK(rf->best_val_loss == Approx(ra->best_val_loss).margin(1e-4));
+  // The checkpoint loads back as the configured model (the sampler reads it).
+  auto loaded = load_mdlm_checkpoint(dir / "fused" / "ckpt.safetensors");
+  INFO(loaded.status().message());
+  REQUIRE(loaded.ok());
+  CHECK(loaded->model->config().rope == (variant != 1));
+  CHECK(loaded->model->config().block_diffusion() == (variant != 0));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a fused MDLM checkpoint is read by starling sample and eval", "[models][fused]") {
   const auto dir = std::filesystem::temp_directory_path() / "starling_fused_mdlm_ckpt";
   std::filesystem::remove_all(dir);
@@ -236,13 +355,14 @@ TEST_CASE("fused MDLM refuses what it cannot run, naming the key", "[models][fus
     CHECK_THAT(st.message(), Catch::Contains(key));
     CHECK_FALSE(FusedMdlm::make(c, 2, 1, make_fused_cpu_backend()).ok());
   };
-  SECTION("rope") {
+  SECTION("rope and block diffusion run") {
     c.rope = true;
-    refused("model.pos_encoding");
-  }
-  SECTION("block diffusion") {
     c.block_length = 2;
-    refused("diffusion.block_length");
+    CHECK(check_fused_mdlm_config(c, 2).ok());
+    CHECK(fused_mdlm_attn_mask(c).kind == ops::AttnMask::Kind::kBlockDiffusion);
+    CHECK(fused_mdlm_attn_mask(c).block == 2);
+    c.block_length = 3;  // does not divide T = 8
+    CHECK_FALSE(check_fused_mdlm_config(c, 2).ok());
   }
   SECTION("uniform noise") {
     c.noise = DiffusionNoise::kUniform;
@@ -269,6 +389,14 @@ TEST_CASE("fused MDLM refuses what it cannot run, naming the key", "[models][fus
                Catch::Contains("1 to 2"));
     CHECK_THAT(m->loss(x0, std::vector<double>{0.5}, xt).status().message(),
                Catch::Contains("one each"));
+    MdlmConfig bd = c;
+    bd.block_length = 4;
+    auto mb = make_fused(bd, 2);
+    CHECK_THAT(mb->loss(x0, t, xt).status().message(), Catch::Contains("2 each"));
+    const std::vector<double> tb = {0.5, 0.5, 0.5, 0.5};
+    REQUIRE(mb->loss(x0, tb, xt).ok());
+    CHECK_THAT(mb->loss(x0, std::vector<double>{0.5, 0.5, 0.5, 2.0}, xt).status().message(),
+               Catch::Contains("sequence 1, block 1"));
     CHECK_THAT(m->loss(x0, std::vector<double>{0.5, 0.0}, xt).status().message(),
                Catch::Contains("sequence 1"));
     xt.data<int32_t>()[6] = kV + 1;
@@ -285,14 +413,10 @@ TEST_CASE("fused MDLM refuses what it cannot run, naming the key", "[models][fus
     CHECK_THAT(train_mdlm_fused(cfg, "x.toml", {}).status().message(),
                Catch::Contains("train.optimizer"));
     cfg = tiny_run(dir, "out");
-    cfg.mutable_model()->set_pos_encoding(v1::ModelConfig::ROPE);
+    cfg.mutable_diffusion()->set_noise(v1::DiffusionConfig::UNIFORM);
     auto r = train_mdlm_fused(cfg, "x.toml", {});
     CHECK_THAT(r.status().message(), Catch::Contains("x.toml"));
-    CHECK_THAT(r.status().message(), Catch::Contains("model.pos_encoding"));
-    cfg = tiny_run(dir, "out");
-    cfg.mutable_diffusion()->set_block_length(4);
-    CHECK_THAT(train_mdlm_fused(cfg, "x.toml", {}).status().message(),
-               Catch::Contains("diffusion.block_length"));
+    CHECK_THAT(r.status().message(), Catch::Contains("diffusion.noise"));
     cfg = tiny_run(dir, "out");
     cfg.mutable_model()->set_arch(v1::ModelConfig::GPT);
     CHECK_THAT(train_mdlm_fused(cfg, "x.toml", {}).status().message(),
