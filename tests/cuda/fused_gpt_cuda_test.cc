@@ -161,9 +161,13 @@ std::unique_ptr<FusedGpt> make(const models::GptConfig& c, int64_t b, bool gpu) 
 TEST_CASE("fused GPT on CUDA: gradients match the CPU backend", "[cuda]") {
   STARLING_REQUIRE_GPU();
   const int which = GENERATE(0, 1);
-  const auto c = shape(which);
+  // Learned positions, and RoPE (no wpe: the CUDA encoder adds zero rows, its wpe gradient goes
+  // to scratch).
+  const bool rope = GENERATE(false, true);
+  auto c = shape(which);
+  c.rope = rope;
   const int64_t b = 4;
-  INFO("shape " << which);
+  INFO("shape " << which << " rope " << rope);
   const auto sd = starling::testing::random_fused_weights(c, 10, 0.1);
   auto cpu = make(c, b, false);
   auto gpu = make(c, b, true);
@@ -281,11 +285,11 @@ TEST_CASE("fused GPT on CUDA in bf16: 10 training steps give the CPU emulation's
   }
 }
 
-TEST_CASE("fused GPT with RoPE on CUDA: gradients and 10 steps match the CPU backend", "[cuda]") {
+TEST_CASE("fused GPT with RoPE on CUDA: 10 steps match the CPU backend", "[cuda]") {
   STARLING_REQUIRE_GPU();
   const int which = GENERATE(0, 1);
   auto c = shape(which);
-  c.rope = true;  // no wpe: the CUDA encoder adds zero rows, its wpe gradient goes to scratch
+  c.rope = true;
   const int64_t b = 4;
   INFO("shape " << which);
   const auto sd = starling::testing::random_fused_weights(c, 20, 0.1);
@@ -294,22 +298,6 @@ TEST_CASE("fused GPT with RoPE on CUDA: gradients and 10 steps match the CPU bac
   REQUIRE(cpu->load(sd).ok());
   REQUIRE(gpu->load(sd).ok());
   const size_t n = static_cast<size_t>(b * c.block_size);
-  const auto x = random_tokens(n, c.vocab_size, 21), y = random_tokens(n, c.vocab_size, 22);
-  auto lc = cpu->forward_backward(x.data(), y.data(), n);
-  auto lg = gpu->forward_backward(x.data(), y.data(), n);
-  REQUIRE(lc.ok());
-  REQUIRE(lg.ok());
-  CHECK(*lg == Approx(*lc).epsilon(1e-5));
-  testing::require_close(gpu->logits_host(), as_double(cpu->logits_host()), 1e-4);
-  const auto gc = cpu->gradients_host(), gg = gpu->gradients_host();
-  for (const auto& p : cpu->layout()) {
-    INFO(p.name);
-    const auto off = static_cast<std::ptrdiff_t>(p.offset);
-    const auto len = static_cast<std::ptrdiff_t>(p.numel);
-    testing::require_close(std::vector<float>(gg.begin() + off, gg.begin() + off + len),
-                           as_double(std::vector<float>(gc.begin() + off, gc.begin() + off + len)),
-                           1e-4);
-  }
   const models::FusedOptimizer opt{0.9, 0.99, 1e-8, 0.1};
   const optim::CosineSchedule sched{3e-3, 3e-4, 3, 8};
   for (int it = 0; it < 10; ++it) {

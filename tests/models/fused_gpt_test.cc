@@ -37,16 +37,6 @@ std::vector<int32_t> random_tokens(size_t n, int64_t v, uint64_t seed) {
   return out;
 }
 
-// max |got - want| / max |want|: within rel of the tensor's scale.
-double normalized_error(const float* got, const float* want, size_t n) {
-  double err = 0.0, scale = 1e-30;
-  for (size_t i = 0; i < n; ++i) {
-    err = std::max(err, std::abs(static_cast<double>(got[i]) - want[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
-  }
-  return err / scale;
-}
-
 std::unique_ptr<FusedGpt> make_fused(const GptConfig& c, int64_t b, int64_t t) {
   auto m = FusedGpt::make(c, b, t, 1, make_fused_cpu_backend());
   REQUIRE(m.ok());
@@ -96,7 +86,7 @@ TEST_CASE("fused GPT logits and loss equal the autograd GPT's", "[models][fused]
   const auto logits = fused->logits_host();
   REQUIRE(logits.size() == static_cast<size_t>(want_logits.numel()));
   // fp32 on both sides, the same BLAS: the difference is summation order only.
-  CHECK(normalized_error(logits.data(), want_logits.data<float>(), logits.size()) <= 1e-5);
+  CHECK(testing::normalized_error(logits.data(), want_logits.data<float>(), logits.size()) <= 1e-5);
   CHECK(*loss == Approx(want_loss).epsilon(1e-6));
 }
 
@@ -121,17 +111,7 @@ TEST_CASE("fused GPT gradients match autograd for every parameter", "[models][fu
   autograd::backward(ref_loss);
   CHECK(*loss == Approx(ref_loss.item()).epsilon(1e-6));
   const auto grads = fused->gradients_host();
-  const auto named = ref.named_parameters();
-  REQUIRE(named.size() == fused->layout().size());
-  for (size_t i = 0; i < named.size(); ++i) {
-    const auto& p = fused->layout()[i];
-    INFO(p.name);
-    const Tensor g = named[i].second.grad();
-    REQUIRE(g.defined());
-    REQUIRE(static_cast<size_t>(g.numel()) == p.numel);
-    const double err = normalized_error(grads.data() + p.offset, g.data<float>(), p.numel);
-    CHECK(err <= 1e-4);
-  }
+  testing::check_fused_gradients(fused->layout(), grads, ref.named_parameters(), 1e-4);
 }
 
 TEST_CASE("fused GPT with RoPE: logits and loss and every gradient equal the autograd GPT's",
@@ -160,22 +140,12 @@ TEST_CASE("fused GPT with RoPE: logits and loss and every gradient equal the aut
   const Tensor want_logits = ref.forward(Tensor::from_vector(x, {b, t}));
   const auto logits = fused->logits_host();
   REQUIRE(logits.size() == static_cast<size_t>(want_logits.numel()));
-  CHECK(normalized_error(logits.data(), want_logits.data<float>(), logits.size()) <= 1e-5);
+  CHECK(testing::normalized_error(logits.data(), want_logits.data<float>(), logits.size()) <= 1e-5);
   Tensor ref_loss = ref.loss(Tensor::from_vector(x, {b, t}), Tensor::from_vector(y, {b, t}));
   autograd::backward(ref_loss);
   CHECK(*loss == Approx(ref_loss.item()).epsilon(1e-6));
   const auto grads = fused->gradients_host();
-  const auto named = ref.named_parameters();
-  REQUIRE(named.size() == fused->layout().size());
-  for (size_t i = 0; i < named.size(); ++i) {
-    const auto& p = fused->layout()[i];
-    INFO(p.name);
-    REQUIRE(named[i].first == p.name);
-    const Tensor g = named[i].second.grad();
-    REQUIRE(g.defined());
-    REQUIRE(static_cast<size_t>(g.numel()) == p.numel);
-    CHECK(normalized_error(grads.data() + p.offset, g.data<float>(), p.numel) <= 1e-5);
-  }
+  testing::check_fused_gradients(fused->layout(), grads, ref.named_parameters(), 1e-5);
   // The positions matter: the same weights without RoPE give other logits.
   GptConfig learned = c;
   learned.rope = false;
@@ -185,7 +155,7 @@ TEST_CASE("fused GPT with RoPE: logits and loss and every gradient equal the aut
                    Tensor::zeros({c.block_size, c.n_embd}));
   REQUIRE(plain.load(plain_sd).ok());
   const Tensor no_rope = plain.forward(Tensor::from_vector(x, {b, t}));
-  CHECK(normalized_error(logits.data(), no_rope.data<float>(), logits.size()) > 1e-3);
+  CHECK(testing::normalized_error(logits.data(), no_rope.data<float>(), logits.size()) > 1e-3);
   // A learned-position checkpoint does not load into the rotary trunk: wpe is named.
   CHECK_THAT(fused->load(plain_sd).message(), Catch::Contains("transformer.wpe.weight"));
 }

@@ -39,16 +39,6 @@ Tensor random_x0(int64_t b, uint64_t seed) {
   return Tensor::from_vector(x, {b, kT});
 }
 
-// max |got - want| / max |want|.
-double normalized_error(const float* got, const float* want, size_t n) {
-  double err = 0.0, scale = 1e-30;
-  for (size_t i = 0; i < n; ++i) {
-    err = std::max(err, std::abs(static_cast<double>(got[i]) - want[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
-  }
-  return err / scale;
-}
-
 std::unique_ptr<FusedMdlm> make_fused(const MdlmConfig& c, int64_t b) {
   auto m = FusedMdlm::make(c, b, 1, make_fused_cpu_backend());
   INFO(m.status().message());
@@ -56,65 +46,21 @@ std::unique_ptr<FusedMdlm> make_fused(const MdlmConfig& c, int64_t b) {
   return std::move(*m);
 }
 
-TEST_CASE("fused MDLM loss and every gradient equal the autograd Mdlm's", "[models][fused]") {
-  const bool bias = GENERATE(false, true);
-  const int64_t b = GENERATE(int64_t{3}, int64_t{2});  // a full batch, and fewer rows
-  INFO("bias " << bias << " rows " << b);
-  const MdlmConfig c = tiny(bias);
-  const auto sd = testing::random_fused_weights(c.trunk_config(), 11);
-  Mdlm ref(c, 1);
-  REQUIRE(ref.load(sd).ok());
-  auto fused = make_fused(c, 3);
-  REQUIRE(fused->load(sd).ok());
-  const Tensor x0 = random_x0(b, 21);
-  Rng rng(22);
-  const auto t = ref.sample_times(b, rng);
-  const NoisedBatch nb = ref.corrupt(x0, t, rng);
-  int masked = 0;
-  for (int64_t i = 0; i < nb.xt.numel(); ++i) masked += nb.xt.data<int32_t>()[i] == kV ? 1 : 0;
-  REQUIRE(masked > 0);
-  REQUIRE(masked < nb.xt.numel());
-
-  auto loss = fused->forward_backward(x0, nb.t, nb.xt);
-  INFO(loss.status().message());
-  REQUIRE(loss.ok());
-  Tensor ref_loss = ref.loss(x0, nb.t, nb.xt);
-  autograd::backward(ref_loss);
-  CHECK(*loss == Approx(ref_loss.item()).epsilon(1e-5));
-  // The forward-only loss is the same number.
-  auto again = fused->loss(x0, nb.t, nb.xt);
-  REQUIRE(again.ok());
-  CHECK(*again == *loss);
-
-  const auto grads = fused->trunk().gradients_host();
-  const auto named = ref.named_parameters();
-  REQUIRE(named.size() == fused->trunk().layout().size());
-  for (size_t i = 0; i < named.size(); ++i) {
-    const auto& p = fused->trunk().layout()[i];
-    INFO(p.name);
-    REQUIRE(named[i].first == p.name);
-    const Tensor g = named[i].second.grad();
-    REQUIRE(g.defined());
-    REQUIRE(static_cast<size_t>(g.numel()) == p.numel);
-    CHECK(normalized_error(grads.data() + p.offset, g.data<float>(), p.numel) <= 1e-5);
-  }
-  // wte's [MASK] row learns through the inputs only; the head never sees its logit.
-  const auto& wte = fused->trunk().layout()[0];
-  REQUIRE(wte.shape == Shape{kV + 1, 16});
-  double mask_row = 0.0;
-  for (int64_t j = 0; j < 16; ++j) mask_row += std::abs(grads[wte.offset + kV * 16 + j]);
-  CHECK(mask_row > 0.0);
-}
-
-TEST_CASE("fused MDLM with RoPE and block diffusion: loss and every gradient equal the Mdlm's",
+TEST_CASE("fused MDLM loss, logits and every gradient equal the autograd Mdlm's",
           "[models][fused]") {
-  // (rope, block_length): rotary positions alone, block diffusion over blocks of 2 and 4 with
-  // learned positions (wpe read with period T) and with rotary ones (angles with period T).
-  const auto [rope, block_length] =
-      GENERATE(table<bool, int64_t>({{true, 0}, {false, 2}, {false, 4}, {true, 2}, {true, 4}}));
+  // (bias, rope, block_length): the plain MDLM with and without biases; rotary positions; block
+  // diffusion over blocks of 2 and 4 with learned positions (wpe read with period T) and with
+  // rotary ones (angles with period T).
+  const auto [bias, rope, block_length] = GENERATE(table<bool, bool, int64_t>({{false, false, 0},
+                                                                               {true, false, 0},
+                                                                               {true, true, 0},
+                                                                               {true, false, 2},
+                                                                               {true, false, 4},
+                                                                               {true, true, 2},
+                                                                               {true, true, 4}}));
   const int64_t b = GENERATE(int64_t{3}, int64_t{2});  // a full batch, and fewer rows
-  INFO("rope " << rope << " block_length " << block_length << " rows " << b);
-  MdlmConfig c = tiny(true);
+  INFO("bias " << bias << " rope " << rope << " block_length " << block_length << " rows " << b);
+  MdlmConfig c = tiny(bias);
   c.rope = rope;
   c.rope_base = 100.0;
   c.block_length = block_length;
@@ -158,17 +104,17 @@ TEST_CASE("fused MDLM with RoPE and block diffusion: loss and every gradient equ
   CHECK(err / scale <= 1e-5);
 
   const auto grads = fused->trunk().gradients_host();
-  const auto named = ref.named_parameters();
-  REQUIRE(named.size() == fused->trunk().layout().size());
-  for (size_t i = 0; i < named.size(); ++i) {
-    const auto& p = fused->trunk().layout()[i];
-    INFO(p.name);
-    REQUIRE(named[i].first == p.name);
-    const Tensor g = named[i].second.grad();
-    REQUIRE(g.defined());
-    REQUIRE(static_cast<size_t>(g.numel()) == p.numel);
-    CHECK(normalized_error(grads.data() + p.offset, g.data<float>(), p.numel) <= 1e-5);
-  }
+  testing::check_fused_gradients(fused->trunk().layout(), grads, ref.named_parameters(), 1e-5);
+  // wte's [MASK] row learns through the inputs only; the head never sees its logit.
+  const auto& wte = fused->trunk().layout()[0];
+  REQUIRE(wte.shape == Shape{kV + 1, 16});
+  double mask_row = 0.0;
+  for (int64_t j = 0; j < 16; ++j) mask_row += std::abs(grads[wte.offset + kV * 16 + j]);
+  CHECK(mask_row > 0.0);
+  // The forward-only loss is the same number.
+  auto again = fused->loss(x0, nb.t, nb.xt);
+  REQUIRE(again.ok());
+  CHECK(*again == *loss);
 }
 
 TEST_CASE("fused MDLM draws Mdlm::loss's corruption", "[models][fused]") {
