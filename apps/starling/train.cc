@@ -59,6 +59,17 @@ Status apply_overrides(const std::vector<std::string>& sets, v1::RunConfig* cfg)
   return ok_status();
 }
 
+// The checkpoint `starling sample` / `eval` read: `explicit_path` if given, else
+// <train.out_dir>/ckpt.safetensors of `config_path` with `sets` applied, else "".
+Result<std::string> checkpoint_path(const std::string& explicit_path,
+                                    const std::string& config_path,
+                                    const std::vector<std::string>& sets) {
+  if (!explicit_path.empty() || config_path.empty()) return explicit_path;
+  ASSIGN_OR_RETURN(v1::RunConfig cfg, config::load_run_config(config_path));
+  RETURN_IF_ERROR(apply_overrides(sets, &cfg));
+  return (std::filesystem::path(cfg.train().out_dir()) / "ckpt.safetensors").string();
+}
+
 // `starling train --ranks N`: the GPT loop of models::train_gpt (same data, schedule, clipping,
 // evaluation, outputs), run by N ranks on N threads with comm::DataParallel. Each rank holds a
 // replica, draws batch_size / N rows per step from its own sampler stream and averages
@@ -406,13 +417,9 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
                 "DDPM: label the samples with an MNIST classifier trained on the spot; report "
                 "mean max-probability and the class histogram");
   cmd->callback([&ctx, o]() {
-    std::string ckpt = o->checkpoint;
-    if (ckpt.empty() && !o->config.empty()) {
-      auto cfg = config::load_run_config(o->config);
-      if (!cfg.ok()) return fail(ctx, cfg.status().message());
-      if (Status st = apply_overrides(o->sets, &*cfg); !st.ok()) return fail(ctx, st.message());
-      ckpt = (std::filesystem::path(cfg->train().out_dir()) / "ckpt.safetensors").string();
-    }
+    auto found = checkpoint_path(o->checkpoint, o->config, o->sets);
+    if (!found.ok()) return fail(ctx, found.status().message());
+    std::string ckpt = *found;
     if (ckpt.empty()) ckpt = "runs/gpt_char_cpu/ckpt.safetensors";
     {
       // Masked diffusion checkpoints sample with their own (non-autoregressive) sampler.
@@ -473,11 +480,13 @@ void register_eval(CLI::App& app, CommandContext& ctx) {
     std::optional<uint64_t> seed;
     std::optional<std::string> masking;
     std::string data_dir;
+    std::vector<std::string> sets;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("checkpoint,--checkpoint", o->checkpoint,
                   "safetensors checkpoint (default: <train.out_dir>/ckpt.safetensors of --config)");
   cmd->add_option("-c,--config", o->config, "The training config, to find its checkpoint");
+  cmd->add_option("--set", o->sets, "Config overrides, as for `starling train`");
   cmd->add_option("--split", o->split, "val or train")->check(CLI::IsMember({"val", "train"}));
   cmd->add_option("--batch", o->batch, "Windows per forward pass (0: train.batch_size)");
   cmd->add_option("--seed", o->seed, "MDLM: seed of the times and masks (default: the fixed one)");
@@ -486,12 +495,9 @@ void register_eval(CLI::App& app, CommandContext& ctx) {
       ->check(CLI::IsMember({"bernoulli", "count"}));
   cmd->add_option("--data-dir", o->data_dir, "Data directory (default: the checkpoint config's)");
   cmd->callback([&ctx, o]() {
-    std::string ckpt = o->checkpoint;
-    if (ckpt.empty() && !o->config.empty()) {
-      auto cfg = config::load_run_config(o->config);
-      if (!cfg.ok()) return fail(ctx, cfg.status().message());
-      ckpt = (std::filesystem::path(cfg->train().out_dir()) / "ckpt.safetensors").string();
-    }
+    auto found = checkpoint_path(o->checkpoint, o->config, o->sets);
+    if (!found.ok()) return fail(ctx, found.status().message());
+    const std::string ckpt = *found;
     if (ckpt.empty()) return fail(ctx, "eval: give a checkpoint or --config");
     auto file = io::load_safetensors(ckpt);
     if (!file.ok()) return fail(ctx, file.status().message());

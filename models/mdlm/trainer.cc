@@ -154,11 +154,17 @@ double mdlm_eval_nelbo(Mdlm& model, std::span<const int32_t> tokens, int64_t num
   return *nelbo;  // the autograd loss never fails
 }
 
+namespace {
+// Every non-overlapping window of block_size tokens (at least one).
+int64_t full_windows(const Mdlm& model, std::span<const int32_t> tokens) {
+  return std::max<int64_t>(1, static_cast<int64_t>(tokens.size()) / model.config().block_size);
+}
+}  // namespace
+
 double mdlm_eval_full(Mdlm& model, std::span<const int32_t> tokens, int64_t batch,
                       std::optional<uint64_t> seed, std::optional<MaskSampling> masking) {
-  const int64_t windows =
-      std::max<int64_t>(1, static_cast<int64_t>(tokens.size()) / model.config().block_size);
-  return mdlm_eval_nelbo(model, tokens, windows, batch, seed.value_or(kEvalSeed), nullptr, masking);
+  return mdlm_eval_nelbo(model, tokens, full_windows(model, tokens), batch,
+                         seed.value_or(kEvalSeed), nullptr, masking);
 }
 
 Result<double> mdlm_eval_nelbo(const Mdlm& model, std::span<const int32_t> tokens, int64_t num_seqs,
@@ -172,9 +178,7 @@ Result<double> mdlm_eval_nelbo(const Mdlm& model, std::span<const int32_t> token
 
 Result<double> mdlm_eval_full(const Mdlm& model, std::span<const int32_t> tokens, int64_t batch,
                               const MdlmBatchLoss& batch_loss) {
-  const int64_t windows =
-      std::max<int64_t>(1, static_cast<int64_t>(tokens.size()) / model.config().block_size);
-  return mdlm_eval_nelbo(model, tokens, windows, batch, kEvalSeed, batch_loss);
+  return mdlm_eval_nelbo(model, tokens, full_windows(model, tokens), batch, kEvalSeed, batch_loss);
 }
 
 Result<TrainSummary> train_mdlm(const v1::RunConfig& cfg, const std::string& config_source,
@@ -311,8 +315,8 @@ Result<TrainSummary> train_mdlm(const v1::RunConfig& cfg, const std::string& con
   }
 
   // The whole validation split once: every non-overlapping window, one stratified time each.
-  const int64_t full_seqs = std::max<int64_t>(1, ds.val_size() / t);
   ASSIGN_OR_RETURN(const Mdlm* final_model, engine->host_model(), "final evaluation");
+  const int64_t full_seqs = full_windows(*final_model, ds.tokens(data::Split::kVal));
   ASSIGN_OR_RETURN(const double full,
                    mdlm_eval_full(*final_model, ds.tokens(data::Split::kVal), b, eval_loss),
                    "final evaluation");

@@ -55,60 +55,12 @@ std::unique_ptr<FusedBackend> cuda_backend() {
   return std::move(*r);
 }
 
-TEST_CASE("fused backend attention, causal and bidirectional, matches the CPU backend", "[cuda]") {
-  STARLING_REQUIRE_GPU();
-  const auto [b, t, c, h] = GENERATE(
-      table<int, int, int, int>({{1, 1, 4, 1}, {2, 5, 12, 3}, {1, 33, 16, 2}, {3, 70, 48, 6}}));
-  const bool causal = GENERATE(false, true);
-  INFO("B " << b << " T " << t << " C " << c << " H " << h << " causal " << causal);
+// Attention forward and backward with `mask` on random inputs (seeds seed, seed + 1) on the CPU
+// and CUDA backends: outputs, probabilities and dqkv agree. Returns the GPU's probabilities.
+std::vector<float> attention_matches_cpu(int b, int t, int c, int h, const ops::AttnMask& mask,
+                                         uint64_t seed) {
   const size_t nqkv = size_t(b) * t * 3 * c, nout = size_t(b) * t * c, natt = size_t(b) * h * t * t;
-  const auto qkv = random_floats(nqkv, 1), dout = random_floats(nout, 2);
-  std::vector<float> out[2], att[2], dqkv[2];
-  auto cpu = models::make_fused_cpu_backend();
-  auto gpu = cuda_backend();
-  FusedBackend* backends[2] = {cpu.get(), gpu.get()};
-  for (int i = 0; i < 2; ++i) {
-    Arena a(*backends[i]);
-    float* q = a.put(qkv);
-    float* d = a.put(dout);
-    float* o = a.make<float>(nout);
-    float* p = a.make<float>(natt);
-    float* s = a.make<float>(natt);
-    float* g = a.make<float>(nqkv);
-    backends[i]->attention_forward(o, p, q, b, t, c, h,
-                                   causal ? ops::AttnMask::causal() : ops::AttnMask::full());
-    backends[i]->attention_backward(g, s, d, q, p, b, t, c, h);
-    out[i] = a.get(o, nout);
-    att[i] = a.get(p, natt);
-    dqkv[i] = a.get(g, nqkv);
-  }
-  require_close(out[1], as_double(out[0]));
-  require_close(att[1], as_double(att[0]));
-  require_close(dqkv[1], as_double(dqkv[0]));
-  if (!causal && t > 1) {  // every key is seen: no probability above the diagonal is 0
-    CHECK(att[0][1] > 0.0f);
-  }
-}
-
-TEST_CASE("fused backend attention under block-causal and block-diffusion masks matches the CPU",
-          "[cuda]") {
-  STARLING_REQUIRE_GPU();
-  // (B, T, C, H, block, diffusion): block-causal and the [x_t | x_0] layout, blocks of 1 (the
-  // autoregressive end), odd block counts, and rows longer than one thread block.
-  const auto [b, t, c, h, block, diffusion] =
-      GENERATE(table<int, int, int, int, int, bool>({{1, 6, 12, 3, 2, false},
-                                                     {2, 35, 16, 2, 5, false},
-                                                     {1, 130, 48, 6, 13, false},
-                                                     {1, 4, 12, 3, 1, true},
-                                                     {2, 12, 16, 2, 3, true},
-                                                     {1, 136, 48, 6, 4, true}}));
-  INFO("B " << b << " T " << t << " C " << c << " H " << h << " block " << block << " diffusion "
-            << diffusion);
-  const ops::AttnMask mask =
-      diffusion ? ops::AttnMask::block_diffusion(block) : ops::AttnMask::block_causal(block);
-  REQUIRE(mask.check(t).empty());
-  const size_t nqkv = size_t(b) * t * 3 * c, nout = size_t(b) * t * c, natt = size_t(b) * h * t * t;
-  const auto qkv = random_floats(nqkv, 21), dout = random_floats(nout, 22);
+  const auto qkv = random_floats(nqkv, seed), dout = random_floats(nout, seed + 1);
   std::vector<float> out[2], att[2], dqkv[2];
   auto cpu = models::make_fused_cpu_backend();
   auto gpu = cuda_backend();
@@ -130,12 +82,46 @@ TEST_CASE("fused backend attention under block-causal and block-diffusion masks 
   require_close(out[1], as_double(out[0]));
   require_close(att[1], as_double(att[0]));
   require_close(dqkv[1], as_double(dqkv[0]));
+  return att[1];
+}
+
+TEST_CASE("fused backend attention, causal and bidirectional, matches the CPU backend", "[cuda]") {
+  STARLING_REQUIRE_GPU();
+  const auto [b, t, c, h] = GENERATE(
+      table<int, int, int, int>({{1, 1, 4, 1}, {2, 5, 12, 3}, {1, 33, 16, 2}, {3, 70, 48, 6}}));
+  const bool causal = GENERATE(false, true);
+  INFO("B " << b << " T " << t << " C " << c << " H " << h << " causal " << causal);
+  const auto att = attention_matches_cpu(
+      b, t, c, h, causal ? ops::AttnMask::causal() : ops::AttnMask::full(), 1);
+  if (!causal && t > 1) {  // every key is seen: no probability above the diagonal is 0
+    CHECK(att[1] > 0.0f);
+  }
+}
+
+TEST_CASE("fused backend attention under block-causal and block-diffusion masks matches the CPU",
+          "[cuda]") {
+  STARLING_REQUIRE_GPU();
+  // (B, T, C, H, block, diffusion): block-causal and the [x_t | x_0] layout, blocks of 1 (the
+  // autoregressive end), odd block counts, and rows longer than one thread block.
+  const auto [b, t, c, h, block, diffusion] =
+      GENERATE(table<int, int, int, int, int, bool>({{1, 6, 12, 3, 2, false},
+                                                     {2, 35, 16, 2, 5, false},
+                                                     {1, 130, 48, 6, 13, false},
+                                                     {1, 4, 12, 3, 1, true},
+                                                     {2, 12, 16, 2, 3, true},
+                                                     {1, 136, 48, 6, 4, true}}));
+  INFO("B " << b << " T " << t << " C " << c << " H " << h << " block " << block << " diffusion "
+            << diffusion);
+  const ops::AttnMask mask =
+      diffusion ? ops::AttnMask::block_diffusion(block) : ops::AttnMask::block_causal(block);
+  REQUIRE(mask.check(t).empty());
+  const auto att = attention_matches_cpu(b, t, c, h, mask, 21);
   // The GPU's probabilities are 0 exactly off the mask's key ranges and positive on them.
   for (int i = 0; i < t; ++i) {
     const auto r = mask.key_ranges(i, t);
     for (int j = 0; j < t; ++j) {
       const bool in = (j >= r[0] && j < r[1]) || (j >= r[2] && j < r[3]);
-      const float pr = att[1][size_t(i) * t + j];
+      const float pr = att[size_t(i) * t + j];
       INFO("query " << i << " key " << j);
       REQUIRE((in ? pr > 0.0f : pr == 0.0f));
     }

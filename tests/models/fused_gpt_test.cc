@@ -174,11 +174,16 @@ bias = true
 }
 
 TEST_CASE("10 fused training steps give train_gpt's losses", "[models][fused]") {
-  const auto dir = std::filesystem::temp_directory_path() / "starling_fused_gpt_test";
+  const bool rope = GENERATE(false, true);  // learned positions; rotary ones (no wpe)
+  INFO("rope " << rope);
+  const auto dir = std::filesystem::temp_directory_path() /
+                   (rope ? "starling_fused_gpt_rope" : "starling_fused_gpt_test");
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  const auto cfg_a = tiny_run(dir, "autograd");
-  const auto cfg_f = tiny_run(dir, "fused");
+  const std::string extra = rope ? "pos_encoding = \"rope\"\nrope_base = 1000.0\n" : "";
+  const auto cfg_a = tiny_run(dir, "autograd", extra);
+  const auto cfg_f = tiny_run(dir, "fused", extra);
+  REQUIRE((cfg_f.model().pos_encoding() == v1::ModelConfig::ROPE) == rope);
   auto ra = train_gpt(cfg_a, "autograd.toml");
   REQUIRE(ra.ok());
   auto rf = train_gpt_fused(cfg_f, "fused.toml", FusedTrainOptions{});
@@ -190,7 +195,8 @@ TEST_CASE("10 fused training steps give train_gpt's losses", "[models][fused]") 
   REQUIRE(seen.finals == 1);
   REQUIRE(seen.clipped > 0);  // the clipping path ran
   CHECK(rf->val_loss == Approx(ra->val_loss).margin(1e-4));
-  // Same outputs as train_gpt: the checkpoint loads into models::Gpt with the same tensors.
+  // Same outputs as train_gpt: the checkpoint loads into models::Gpt with the same tensors
+  // (no wpe with RoPE).
   for (const char* f : {"ckpt.safetensors", "best.safetensors", "config.toml"}) {
     INFO(f);
     CHECK(std::filesystem::exists(dir / "fused" / f));
@@ -203,42 +209,11 @@ TEST_CASE("10 fused training steps give train_gpt's losses", "[models][fused]") 
   for (size_t i = 0; i < ckpt_f->tensors.size(); ++i) {
     CHECK(ckpt_f->tensors[i].first == ckpt_a->tensors[i].first);
     CHECK(ckpt_f->tensors[i].second.shape() == ckpt_a->tensors[i].second.shape());
+    if (rope) CHECK(ckpt_f->tensors[i].first != "transformer.wpe.weight");
   }
   // Same metadata keys (the config differs in train.out_dir only).
   REQUIRE(ckpt_f->metadata.size() == ckpt_a->metadata.size());
   for (const auto& [k, v] : ckpt_a->metadata) CHECK(ckpt_f->metadata.count(k) == 1);
-  std::filesystem::remove_all(dir);
-}
-
-TEST_CASE("10 fused training steps of a RoPE GPT give train_gpt's losses", "[models][fused]") {
-  const auto dir = std::filesystem::temp_directory_path() / "starling_fused_gpt_rope";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const std::string rope = "pos_encoding = \"rope\"\nrope_base = 1000.0\n";
-  const auto cfg_a = tiny_run(dir, "autograd", rope);
-  const auto cfg_f = tiny_run(dir, "fused", rope);
-  REQUIRE(cfg_f.model().pos_encoding() == v1::ModelConfig::ROPE);
-  auto ra = train_gpt(cfg_a, "autograd.toml");
-  REQUIRE(ra.ok());
-  auto rf = train_gpt_fused(cfg_f, "fused.toml", FusedTrainOptions{});
-  INFO(rf.status().message());
-  REQUIRE(rf.ok());
-  const auto seen = testing::compare_engine_metrics(dir / "autograd" / "metrics.jsonl",
-                                                    dir / "fused" / "metrics.jsonl");
-  REQUIRE(seen.train_lines == 10);
-  REQUIRE(seen.finals == 1);
-  REQUIRE(seen.clipped > 0);
-  CHECK(rf->val_loss == Approx(ra->val_loss).margin(1e-4));
-  // The checkpoint has the autograd run's tensors: no wpe.
-  auto ckpt_f = io::load_safetensors(dir / "fused" / "ckpt.safetensors");
-  auto ckpt_a = io::load_safetensors(dir / "autograd" / "ckpt.safetensors");
-  REQUIRE(ckpt_f.ok());
-  REQUIRE(ckpt_a.ok());
-  REQUIRE(ckpt_f->tensors.size() == ckpt_a->tensors.size());
-  for (size_t i = 0; i < ckpt_f->tensors.size(); ++i) {
-    CHECK(ckpt_f->tensors[i].first == ckpt_a->tensors[i].first);
-    CHECK(ckpt_f->tensors[i].first != "transformer.wpe.weight");
-  }
   std::filesystem::remove_all(dir);
 }
 

@@ -164,9 +164,11 @@ TEST_CASE("fused MDLM initializes as Mdlm(config, seed) and round trips its stat
   for (size_t i = 0; i < back.size(); ++i) CHECK(max_abs_diff(back[i].second, sd[i].second) == 0.0);
 }
 
+// `model` adds [model] keys, `diffusion` [diffusion] keys.
 v1::RunConfig tiny_run(const std::filesystem::path& dir, const std::string& out,
-                       const std::string& diffusion = "") {
-  return testing::tiny_text_run(dir, out, R"(
+                       const std::string& diffusion = "", const std::string& model = "") {
+  return testing::tiny_text_run(dir, out,
+                                R"(
 [model]
 arch = "mdlm"
 block_size = 16
@@ -175,21 +177,27 @@ n_head = 2
 n_embd = 32
 bias = true
 causal = false
-[diffusion]
-sampling_steps = 8
-)" + diffusion);
+)" + model + "[diffusion]\nsampling_steps = 8\n" +
+                                    diffusion);
 }
 
 TEST_CASE("10 fused MDLM training steps give train_mdlm's losses", "[models][fused]") {
-  const bool count = GENERATE(false, true);  // bernoulli; antithetic count masks (2B rows)
-  INFO("count " << count);
-  const auto dir = std::filesystem::temp_directory_path() /
-                   (count ? "starling_fused_mdlm_count" : "starling_fused_mdlm_test");
+  // (rope, [diffusion] keys): Bernoulli masks; antithetic count masks (2B rows); rotary
+  // positions; block diffusion over blocks of 2 (learned positions); blocks of 4 with rotary
+  // positions and antithetic count masks (2B rows of [x_t | x_0]).
+  const auto [rope, diffusion] = GENERATE(table<bool, std::string>(
+      {{false, ""},
+       {false, "masking = \"count\"\nantithetic = true\n"},
+       {true, ""},
+       {false, "block_length = 2\n"},
+       {true, "block_length = 4\nmasking = \"count\"\nantithetic = true\n"}}));
+  INFO("rope " << rope << " diffusion " << diffusion);
+  const auto dir = std::filesystem::temp_directory_path() / "starling_fused_mdlm_steps";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  const std::string diffusion = count ? "masking = \"count\"\nantithetic = true\n" : "";
-  const auto cfg_a = tiny_run(dir, "autograd", diffusion);
-  const auto cfg_f = tiny_run(dir, "fused", diffusion);
+  const std::string model = rope ? "pos_encoding = \"rope\"\n" : "";
+  const auto cfg_a = tiny_run(dir, "autograd", diffusion, model);
+  const auto cfg_f = tiny_run(dir, "fused", diffusion, model);
   auto ra = train_mdlm(cfg_a, "autograd.toml");
   REQUIRE(ra.ok());
   auto rf = train_mdlm_fused(cfg_f, "fused.toml", FusedTrainOptions{});
@@ -202,58 +210,13 @@ TEST_CASE("10 fused MDLM training steps give train_mdlm's losses", "[models][fus
   REQUIRE(seen.clipped > 0);  // the clipping path ran
   CHECK(rf->val_loss == Approx(ra->val_loss).margin(1e-4));
   CHECK(rf->best_val_loss == Approx(ra->best_val_loss).margin(1e-4));
-  std::filesystem::remove_all(dir);
-}
-
-TEST_CASE("10 fused steps of RoPE and block-diffusion MDLMs give train_mdlm's losses",
-          "[models][fused]") {
-  // Rotary positions; block diffusion over blocks of 2 (learned positions); blocks of 4 with
-  // rotary positions and antithetic count masks (2B rows of [x_t | x_0]).
-  const int variant = GENERATE(0, 1, 2);
-  INFO("variant " << variant);
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("starling_fused_mdlm_bd_" + std::to_string(variant));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const std::string diffusion[] = {
-      "",
-      "block_length = 2\n",
-      "block_length = 4\nmasking = \"count\"\nantithetic = true\n",
-  };
-  const std::string rope = variant == 1 ? "" : "pos_encoding = \"rope\"\n";
-  auto make_cfg =
-      [&](const std::string& out) {
-        return testing::tiny_text_run(dir, out, R"(
-[model]
-arch = "mdlm"
-block_size = 16
-n_layer = 2
-n_head = 2
-n_embd = 32
-bias = true
-causal = false
-)" + rope + "[diffusion]\nsampling_steps = 8\n" + diffusion[variant]);
-      };
-  const auto cfg_a = make_cfg("autograd");
-  const auto cfg_f = make_cfg("fused");
-  auto ra = train_mdlm(cfg_a, "autograd.toml");
-  REQUIRE(ra.ok());
-  auto rf = train_mdlm_fused(cfg_f, "fused.toml", FusedTrainOptions{});
-  INFO(rf.status().message());
-  REQUIRE(rf.ok());
-  const auto seen = testing::compare_engine_metrics(dir / "autograd" / "metrics.jsonl",
-                                                    dir / "fused" / "metrics.jsonl");
-  REQUIRE(seen.train_lines == 10);
-  REQUIRE(seen.finals == 1);
-  REQUIRE(seen.clipped > 0);
-  CHECK(rf->val_loss == Approx(ra->val_loss).margin(1e-4));
-  CHECK(rf->best_val_loss == Approx(ra->best_val_loss).margin(1e-4));
   // The checkpoint loads back as the configured model (the sampler reads it).
   auto loaded = load_mdlm_checkpoint(dir / "fused" / "ckpt.safetensors");
   INFO(loaded.status().message());
   REQUIRE(loaded.ok());
-  CHECK(loaded->model->config().rope == (variant != 1));
-  CHECK(loaded->model->config().block_diffusion() == (variant != 0));
+  CHECK(loaded->model->config().rope == rope);
+  CHECK(loaded->model->config().block_diffusion() ==
+        (diffusion.find("block_length") != std::string::npos));
   std::filesystem::remove_all(dir);
 }
 
