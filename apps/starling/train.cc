@@ -391,11 +391,15 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
     std::optional<std::string> sampler;
     std::optional<double> eta;
     bool classify = false;
+    bool no_kv_cache = false;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("checkpoint,--checkpoint", o->checkpoint,
                   "safetensors checkpoint (default: <train.out_dir>/ckpt.safetensors of --config, "
                   "else runs/gpt_char_cpu/ckpt.safetensors)");
+  cmd->add_flag("--no-kv-cache", o->no_kv_cache,
+                "GPT and block-diffusion MDLM: recompute the whole context every step instead of "
+                "keeping each layer's keys and values (default: [sample].kv_cache, true)");
   cmd->add_option("-c,--config", o->config, "The training config, to find its checkpoint");
   cmd->add_option("--set", o->sets, "Config overrides, as for `starling train`");
   cmd->add_option("--prompt", o->prompt, "Text to continue (default: [sample].prompt)");
@@ -443,8 +447,10 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
         return;
       }
       if (it != file->metadata.end() && it->second == "starling.mdlm.v1") {
+        std::optional<bool> kv;
+        if (o->no_kv_cache) kv = false;
         auto text = models::sample_mdlm_checkpoint(ckpt, o->steps, o->temperature.value_or(1.0),
-                                                   o->seed.value_or(1337), 1);
+                                                   o->seed.value_or(1337), 1, kv);
         if (!text.ok()) return fail(ctx, text.status().message());
         std::cout << *text << std::endl;
         return;
@@ -460,9 +466,16 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
     Rng rng(o->seed.value_or(sc.seed()));
     spdlog::info("sampling from {} (step {}, val loss {:.4f}), seed {}", ckpt, loaded->info.iter,
                  loaded->info.val_loss, o->seed.value_or(sc.seed()));
-    const auto out = loaded->model->generate(*ids, o->max_new_tokens.value_or(sc.max_new_tokens()),
-                                             o->temperature.value_or(sc.temperature()),
-                                             o->top_k.value_or(sc.top_k()), rng);
+    const bool kv = sc.kv_cache() && !o->no_kv_cache;
+    const int64_t max_new = o->max_new_tokens.value_or(sc.max_new_tokens());
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto out =
+        loaded->model->generate(*ids, max_new, o->temperature.value_or(sc.temperature()),
+                                o->top_k.value_or(sc.top_k()), rng, kv);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spdlog::info("generated {} tokens in {:.3f} s, {:.1f} tokens/s (kv cache {})", max_new, secs,
+                 static_cast<double>(max_new) / std::max(secs, 1e-9), kv ? "on" : "off");
     auto text = loaded->tokenizer->decode(out);
     if (!text.ok()) return fail(ctx, text.status().message());
     std::cout << *text << std::endl;

@@ -39,6 +39,19 @@ Tensor SelfAttention::forward(const Tensor& x, const ops::AttnMask& mask) const 
   return ops::dropout(c_proj->forward(y), s_.dropout, training(), *rng_);
 }
 
+Tensor SelfAttention::forward_cached(const Tensor& x, LayerKv& kv, int64_t pos0, bool causal,
+                                     bool append) const {
+  const Tensor qkv = decode_linear(x, c_attn->weight, c_attn->bias);  // (B, n, 3C)
+  ops::KvAttnOptions opt;
+  opt.causal = causal;
+  opt.rope = s_.rope;
+  opt.rope_base = s_.rope_base;
+  opt.pos0 = pos0;
+  const Tensor y = ops::attention_kv(qkv, kv.k, kv.v, kv.length, s_.n_head, opt);
+  if (append) kv.length += x.shape()[1];
+  return decode_linear(y, c_proj->weight, c_proj->bias);
+}
+
 Mlp::Mlp(const TransformerShape& s, Rng& init, Rng& dropout_rng)
     : dropout_(s.dropout), rng_(&dropout_rng) {
   c_fc = register_module("c_fc", std::make_shared<Linear>(s.n_embd, 4 * s.n_embd, s.bias, init));
@@ -65,6 +78,14 @@ Tensor Block::forward(const Tensor& x) const {
 Tensor Block::forward(const Tensor& x, const ops::AttnMask& mask) const {
   const Tensor h = ops::add(x, attn->forward(ln_1->forward(x), mask));
   return ops::add(h, mlp->forward(ln_2->forward(h)));
+}
+
+Tensor Block::forward_cached(const Tensor& x, LayerKv& kv, int64_t pos0, bool causal,
+                             bool append) const {
+  const Tensor h = ops::add(x, attn->forward_cached(ln_1->forward(x), kv, pos0, causal, append));
+  // The MLP without dropout (inference), its products row by row for a few rows.
+  const Tensor a = ops::gelu(decode_linear(ln_2->forward(h), mlp->c_fc->weight, mlp->c_fc->bias));
+  return ops::add(h, decode_linear(a, mlp->c_proj->weight, mlp->c_proj->bias));
 }
 
 }  // namespace starling::nn

@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "core/nn/kv_cache.h"
 #include "core/nn/layers.h"
 #include "core/ops/attention.h"
 
@@ -31,6 +32,13 @@ class SelfAttention : public Module {
   // With `mask` instead; RoPE positions follow mask.position_period (both halves of the
   // block-diffusion layout get positions 0..T/2-1).
   Tensor forward(const Tensor& x, const ops::AttnMask& mask) const;
+  // Inference only (no dropout, no autograd): x (B, n, C) holds new rows at positions
+  // [pos0, pos0 + n) (RoPE rotates them there). Each new row attends to the kv.length cached rows
+  // and to the new rows up to itself (`causal`) or all of them (the block-diffusion sampler's
+  // block). The new rows' keys and values are written after the cached ones; with `append` they
+  // count from then on (kv.length += n), without they are scratch. REQUIRES: kv.length + n <=
+  // the cache's capacity.
+  Tensor forward_cached(const Tensor& x, LayerKv& kv, int64_t pos0, bool causal, bool append) const;
 
   std::shared_ptr<Linear> c_attn;  // C -> 3C (q | k | v)
   std::shared_ptr<Linear> c_proj;  // C -> C
@@ -60,6 +68,8 @@ class Block : public Module {
   Block(const TransformerShape& s, Rng& init, Rng& dropout_rng);
   Tensor forward(const Tensor& x) const;
   Tensor forward(const Tensor& x, const ops::AttnMask& mask) const;  // attention with `mask`
+  // The block with SelfAttention::forward_cached (inference only).
+  Tensor forward_cached(const Tensor& x, LayerKv& kv, int64_t pos0, bool causal, bool append) const;
 
   std::shared_ptr<LayerNorm> ln_1;
   std::shared_ptr<SelfAttention> attn;

@@ -50,4 +50,21 @@ Tensor attention_packed(const Tensor& qkv, int64_t n_head, const AttnMask& mask)
 // q, k, v: (B, H, T, D) -> (B, H, T, D).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
 
+// Inference-time attention of n new rows against a key/value cache (no autograd: qkv_new must not
+// require grad). qkv_new: (B, n, 3C) packed [q | k | v] as for attention_packed, H heads of
+// D = C / H. k_cache, v_cache: (B, cap, C) contiguous, qkv_new's dtype and device (CPU), rows
+// [0, past) holding earlier keys and values. With `rope`, the new rows' q and k are rotated as
+// rope_packed does, row i at position pos0 + i (base `rope_base`; D even). The new rows' (rotated)
+// keys and values are written to cache rows [past, past + n) (REQUIRES past + n <= cap); whether
+// they count afterwards is the caller's choice. New query i attends to cache rows [0, past) and
+// to new rows [0, i] when `causal`, all n new rows otherwise. Returns (B, n, C).
+struct KvAttnOptions {
+  bool causal = true;
+  bool rope = false;
+  double rope_base = 10000.0;
+  int64_t pos0 = 0;  // position of the first new row (RoPE only)
+};
+Tensor attention_kv(const Tensor& qkv_new, Tensor& k_cache, Tensor& v_cache, int64_t past,
+                    int64_t n_head, const KvAttnOptions& opt);
+
 }  // namespace starling::ops

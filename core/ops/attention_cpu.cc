@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "core/autograd/autograd.h"
 #include "core/ops/attention.h"
@@ -204,6 +205,106 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal)
                             });
                             return std::vector<Tensor>{gq, gk, gv};
                           });
+}
+
+Tensor attention_kv(const Tensor& qkv_new, Tensor& k_cache, Tensor& v_cache, int64_t past,
+                    int64_t n_head, const KvAttnOptions& opt) {
+  STARLING_OP_CHECK(qkv_new.dim() == 3 && qkv_new.shape()[2] % 3 == 0, "attention_kv",
+                    "qkv_new must be (B, n, 3C), got " + shape_str(qkv_new.shape()));
+  const int64_t B = qkv_new.shape()[0], n = qkv_new.shape()[1], C = qkv_new.shape()[2] / 3;
+  STARLING_OP_CHECK(n_head > 0 && C % n_head == 0, "attention_kv",
+                    "C = " + std::to_string(C) + " not divisible by n_head");
+  const int64_t D = C / n_head;
+  STARLING_OP_CHECK(k_cache.dim() == 3 && k_cache.shape() == v_cache.shape() &&
+                        k_cache.shape()[0] == B && k_cache.shape()[2] == C,
+                    "attention_kv",
+                    "caches must both be (B, cap, C) = (" + std::to_string(B) + ", cap, " +
+                        std::to_string(C) + "), got " + shape_str(k_cache.shape()) + " and " +
+                        shape_str(v_cache.shape()));
+  STARLING_OP_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "attention_kv",
+                    "caches must be contiguous");
+  STARLING_OP_CHECK(k_cache.dtype() == qkv_new.dtype() && v_cache.dtype() == qkv_new.dtype(),
+                    "attention_kv", "caches must have qkv_new's dtype");
+  const int64_t cap = k_cache.shape()[1];
+  STARLING_OP_CHECK(past >= 0 && n >= 1 && past + n <= cap, "attention_kv",
+                    "rows [" + std::to_string(past) + ", " + std::to_string(past + n) +
+                        ") do not fit a cache of " + std::to_string(cap));
+  STARLING_OP_CHECK(
+      !opt.rope ||
+          (D % 2 == 0 && opt.rope_base > 0.0 && std::isfinite(opt.rope_base) && opt.pos0 >= 0),
+      "attention_kv", "rope needs an even head size, a finite base > 0 and pos0 >= 0");
+  STARLING_OP_CHECK(!autograd::needs_grad({&qkv_new}), "attention_kv",
+                    "inference only: run under autograd::NoGradGuard");
+  const Tensor x = qkv_new.contiguous();
+  Tensor out = Tensor::uninitialized({B, n, C}, qkv_new.dtype());
+  Tensor q = Tensor::uninitialized({B, n, C}, qkv_new.dtype());
+  const int64_t half = D / 2, m = past + n;
+  // cos and sin of (pos0 + i) * base^(-2j/D) in double, as rope_packed's table.
+  std::vector<double> cs, sn;
+  if (opt.rope) {
+    cs.resize(static_cast<size_t>(n * half));
+    sn.resize(static_cast<size_t>(n * half));
+    for (int64_t j = 0; j < half; ++j) {
+      const double inv_freq =
+          std::pow(opt.rope_base, -2.0 * static_cast<double>(j) / static_cast<double>(D));
+      for (int64_t i = 0; i < n; ++i) {
+        const double a = static_cast<double>(opt.pos0 + i) * inv_freq;
+        cs[static_cast<size_t>(i * half + j)] = std::cos(a);
+        sn[static_cast<size_t>(i * half + j)] = std::sin(a);
+      }
+    }
+  }
+  internal::dispatch_float(x.dtype(), "attention_kv", [&]<typename T>() {
+    const T* px = x.data<T>();
+    T* pq = q.data<T>();
+    T* pk = k_cache.data<T>();
+    T* pv = v_cache.data<T>();
+    // The new rows: q into its own buffer, k and v into the caches, q and k rotated.
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t i = 0; i < n; ++i) {
+        const T* src = px + (b * n + i) * 3 * C;
+        T* dq = pq + (b * n + i) * C;
+        T* dk = pk + (b * cap + past + i) * C;
+        T* dv = pv + (b * cap + past + i) * C;
+        std::copy_n(src + 2 * C, C, dv);
+        if (!opt.rope) {
+          std::copy_n(src, C, dq);
+          std::copy_n(src + C, C, dk);
+          continue;
+        }
+        const double* c = cs.data() + i * half;
+        const double* s = sn.data() + i * half;
+        for (int64_t h = 0; h < 2 * n_head; ++h) {  // q heads, then k heads
+          const T* xh = src + h * D;
+          T* yh = (h < n_head ? dq + h * D : dk + (h - n_head) * D);
+          for (int64_t j = 0; j < half; ++j) {
+            const T cj = static_cast<T>(c[j]), sj = static_cast<T>(s[j]);
+            const T a = xh[j], bb = xh[j + half];
+            yh[j] = a * cj - bb * sj;
+            yh[j + half] = bb * cj + a * sj;
+          }
+        }
+      }
+    }
+    const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
+    T* po = out.data<T>();
+#pragma omp parallel
+    {
+      std::vector<T> scores(static_cast<size_t>(n * m));
+#pragma omp for schedule(static)
+      for (int64_t bh = 0; bh < B * n_head; ++bh) {
+        const int64_t b = bh / n_head, h = bh % n_head;
+        gemm<T>(false, true, n, m, D, scale, pq + b * n * C + h * D, C, pk + b * cap * C + h * D, C,
+                T(0), scores.data(), m);
+        for (int64_t i = 0; i < n; ++i) {
+          internal::softmax_row(scores.data() + i * m, m, past + (opt.causal ? i + 1 : n));
+        }
+        gemm<T>(false, false, n, D, m, T(1), scores.data(), m, pv + b * cap * C + h * D, C, T(0),
+                po + b * n * C + h * D, C);
+      }
+    }
+  });
+  return out;
 }
 
 }  // namespace starling::ops

@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 
+#include "core/ops/internal/op_util.h"
 #include "core/ops/ops.h"
 #include "core/wire/config.pb.h"
 
@@ -76,6 +78,29 @@ Tensor GptTrunk::embed(const Tensor& idx, int64_t period) const {
   return ops::add(tok, wpe->forward(pos));
 }
 
+Tensor GptTrunk::forward_cached(const Tensor& idx, nn::KvCache& cache, int64_t pos0, bool causal,
+                                bool append) const {
+  const auto& blocks = h->blocks();
+  STARLING_OP_CHECK(idx.dim() == 2 && cache.n_layer() == static_cast<int64_t>(blocks.size()) &&
+                        cache.batch() == idx.shape()[0],
+                    "gpt", "forward_cached: idx (B, n) and a cache of B rows per layer");
+  const int64_t n = idx.shape()[1];
+  Tensor x = wte->forward(idx);
+  if (wpe) {
+    STARLING_OP_CHECK(pos0 >= 0 && pos0 + n <= wpe->weight.shape()[0], "gpt",
+                      "forward_cached: positions [" + std::to_string(pos0) + ", " +
+                          std::to_string(pos0 + n) + ") past the learned position table");
+    Tensor pos = Tensor::uninitialized({n}, DType::kI32);
+    int32_t* pp = pos.data<int32_t>();
+    for (int64_t t = 0; t < n; ++t) pp[t] = static_cast<int32_t>(pos0 + t);
+    x = ops::add(x, wpe->forward(pos));
+  }
+  for (size_t l = 0; l < blocks.size(); ++l) {
+    x = blocks[l]->forward_cached(x, cache.layer(static_cast<int64_t>(l)), pos0, causal, append);
+  }
+  return ln_f->forward(x);
+}
+
 Gpt::Gpt(const GptConfig& c, uint64_t seed) : config_(c), dropout_rng_(Rng(seed).fork(1)) {
   Rng init(seed);
   transformer = register_module("transformer", std::make_shared<GptTrunk>(c, init, dropout_rng_));
@@ -95,49 +120,70 @@ Tensor Gpt::loss(const Tensor& idx, const Tensor& targets) const {
   return ops::cross_entropy(ops::reshape(logits, {-1, v}), targets.reshape({-1}));
 }
 
+namespace {
+
+// Draws the next token from one row of logits (V values): temperature, then top-k, then one
+// uniform of `rng` against the cumulative weights.
+int32_t sample_next(const float* last, int64_t v, double temperature, int64_t top_k, Rng& rng,
+                    std::vector<double>& probs) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < v; ++j) {
+    probs[j] = static_cast<double>(last[j]) / std::max(temperature, 1e-6);
+    mx = std::max(mx, probs[j]);
+  }
+  if (top_k > 0 && top_k < v) {
+    std::vector<double> sorted(probs);
+    std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<>());
+    const double kth = sorted[top_k - 1];
+    for (auto& p : probs) {
+      if (p < kth) p = -std::numeric_limits<double>::infinity();
+    }
+  }
+  double sum = 0.0;
+  for (auto& p : probs) {
+    p = std::exp(p - mx);
+    sum += p;
+  }
+  double r = rng.uniform() * sum;
+  for (int64_t j = 0; j < v; ++j) {
+    r -= probs[j];
+    if (r < 0) return static_cast<int32_t>(j);
+  }
+  return static_cast<int32_t>(v - 1);
+}
+
+}  // namespace
+
 std::vector<int32_t> Gpt::generate(std::vector<int32_t> tokens, int64_t max_new, double temperature,
-                                   int64_t top_k, Rng& rng) {
+                                   int64_t top_k, Rng& rng, bool kv_cache) {
   autograd::NoGradGuard ng;
   const bool was_training = training();
   train(false);
-  const int64_t v = config_.vocab_size;
+  const int64_t v = config_.vocab_size, bs = config_.block_size;
   std::vector<double> probs(static_cast<size_t>(v));
+  std::unique_ptr<nn::KvCache> cache;
+  // A bidirectional GPT (causal = false) lets every row see later ones: nothing to cache.
+  if (kv_cache && config_.causal && max_new > 0 && static_cast<int64_t>(tokens.size()) <= bs) {
+    cache = std::make_unique<nn::KvCache>(config_.n_layer, 1, bs, config_.n_embd);
+  }
   for (int64_t step = 0; step < max_new; ++step) {
     const int64_t n = static_cast<int64_t>(tokens.size());
-    const int64_t start = std::max<int64_t>(0, n - config_.block_size);
-    std::vector<int32_t> ctx(tokens.begin() + start, tokens.end());
-    const int64_t t = static_cast<int64_t>(ctx.size());
-    const Tensor logits = forward(Tensor::from_vector(ctx, {1, t}));
-    const float* last = logits.data<float>() + (t - 1) * v;
-    double mx = -std::numeric_limits<double>::infinity();
-    for (int64_t j = 0; j < v; ++j) {
-      probs[j] = static_cast<double>(last[j]) / std::max(temperature, 1e-6);
-      mx = std::max(mx, probs[j]);
+    Tensor logits;  // the last row's: (.., V)
+    if (cache && n <= bs) {
+      // Positions [cache.length(), n) are new: the whole prompt first, then one token a step.
+      const int64_t past = cache->length();
+      std::vector<int32_t> rows(tokens.begin() + past, tokens.end());
+      const int64_t m = n - past;
+      const Tensor hidden = transformer->forward_cached(Tensor::from_vector(rows, {1, m}), *cache,
+                                                        past, config_.causal, true);
+      logits = nn::decode_linear(ops::slice(hidden, 1, m - 1, m), transformer->wte->weight);
+    } else {
+      const int64_t start = std::max<int64_t>(0, n - bs);
+      std::vector<int32_t> ctx(tokens.begin() + start, tokens.end());
+      const int64_t t = static_cast<int64_t>(ctx.size());
+      logits = ops::slice(forward(Tensor::from_vector(ctx, {1, t})), 1, t - 1, t).contiguous();
     }
-    if (top_k > 0 && top_k < v) {
-      std::vector<double> sorted(probs);
-      std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(),
-                       std::greater<>());
-      const double kth = sorted[top_k - 1];
-      for (auto& p : probs) {
-        if (p < kth) p = -std::numeric_limits<double>::infinity();
-      }
-    }
-    double sum = 0.0;
-    for (auto& p : probs) {
-      p = std::exp(p - mx);
-      sum += p;
-    }
-    double r = rng.uniform() * sum;
-    int32_t next = static_cast<int32_t>(v - 1);
-    for (int64_t j = 0; j < v; ++j) {
-      r -= probs[j];
-      if (r < 0) {
-        next = static_cast<int32_t>(j);
-        break;
-      }
-    }
-    tokens.push_back(next);
+    tokens.push_back(sample_next(logits.data<float>(), v, temperature, top_k, rng, probs));
   }
   train(was_training);
   return tokens;

@@ -51,6 +51,12 @@ class GptTrunk : public nn::Module {
   // wte(idx) (+ wpe(0..T-1) with learned positions): idx (B, T) i32 -> (B, T, C). With
   // period > 0 row t gets wpe(t % period) (the block-diffusion layout repeats its positions).
   Tensor embed(const Tensor& idx, int64_t period = 0) const;
+  // Inference only: wte(idx) (+ wpe(pos0 + t)) for idx (B, n) i32 at positions [pos0, pos0 + n),
+  // through every block with its layer of `cache` (nn::Block::forward_cached) and ln_f ->
+  // (B, n, C). REQUIRES: cache.n_layer() == L, cache.length() + n <= cache.capacity(), and
+  // pos0 + n <= block_size with learned positions.
+  Tensor forward_cached(const Tensor& idx, nn::KvCache& cache, int64_t pos0, bool causal,
+                        bool append) const;
   std::shared_ptr<nn::Embedding> wte;
   std::shared_ptr<nn::Embedding> wpe;  // null when the config uses RoPE
   std::shared_ptr<BlockList> h;
@@ -71,8 +77,12 @@ class Gpt : public nn::Module {
 
   // Appends max_new tokens to `prompt` (token ids), sampling with temperature and top-k
   // (top_k <= 0 keeps all). Context is cropped to block_size. Runs in eval mode, no grad.
+  // With `kv_cache` the prompt is run once into a per-layer key/value cache and each new token
+  // is one row; once the context passes block_size (cropping shifts every position) the steps
+  // recompute the cropped context as the uncached path does, so both give the same tokens for
+  // the same rng (up to float summation order deciding a draw, which the tests do not see).
   std::vector<int32_t> generate(std::vector<int32_t> prompt, int64_t max_new, double temperature,
-                                int64_t top_k, Rng& rng);
+                                int64_t top_k, Rng& rng, bool kv_cache = true);
 
   // Loads a state dict; accepts nanoGPT's extra tied "lm_head.weight" when it equals wte.
   Status load(const io::StateDict& sd);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <string>
 
@@ -150,6 +151,11 @@ Tensor Mdlm::prefix_forward(const Tensor& x) const {
                                  ? ops::AttnMask::block_causal(config_.block_tokens())
                                  : ops::AttnMask::full();
   return data_logits(trunk_forward(x, mask));
+}
+
+Tensor Mdlm::block_forward_cached(const Tensor& block, nn::KvCache& cache, bool append) const {
+  const Tensor hidden = transformer->forward_cached(block, cache, cache.length(), false, append);
+  return data_logits(nn::decode_linear(hidden, transformer->wte->weight));
 }
 
 Tensor Mdlm::subs_logits(const Tensor& xt, const Tensor& x0) const {
@@ -367,7 +373,7 @@ double udlm_integrand(int32_t x0, int32_t z, std::span<const double> probs, doub
 }
 
 std::vector<int32_t> Mdlm::sample(int64_t num, int64_t steps, double temperature, bool cached,
-                                  Rng& rng, SampleStats* stats) {
+                                  Rng& rng, SampleStats* stats, bool kv_cache) {
   autograd::NoGradGuard ng;
   const bool was_training = training();
   train(false);
@@ -381,22 +387,33 @@ std::vector<int32_t> Mdlm::sample(int64_t num, int64_t steps, double temperature
   }
   SampleStats st;
   std::vector<double> p, w(static_cast<size_t>(v));
+  // With the KV cache the network sees only the current block, the clean ones before it cached.
+  std::unique_ptr<nn::KvCache> cache;
+  if (kv_cache && config_.block_diffusion()) {
+    cache = std::make_unique<nn::KvCache>(config_.n_layer, num, len, config_.n_embd);
+  }
+  auto block_ids = [&](int64_t lo, int64_t hi) {  // x[:, lo:hi) as a (num, hi - lo) tensor
+    std::vector<int32_t> ids(static_cast<size_t>(num * (hi - lo)));
+    for (int64_t i = 0; i < num; ++i) {
+      std::copy(x.begin() + i * len + lo, x.begin() + i * len + hi, ids.begin() + i * (hi - lo));
+    }
+    return Tensor::from_vector(ids, {num, hi - lo});
+  };
   // Blocks left to right (one block of T for MDLM); the network sees the drawn blocks and the
   // current one: positions [0, hi).
   for (int64_t blk = 0; blk < nb; ++blk) {
     const int64_t lo = blk * bl, hi = lo + bl;
-    Tensor logits;  // (num, hi, V)
+    // Logits row of sequence i, position j: (i * rows + j - first) of (num, rows, V).
+    const int64_t rows = cache ? bl : hi, first = cache ? lo : 0;
+    Tensor logits;  // (num, rows, V)
     bool changed = true;
     for (int64_t k = 0; k < steps; ++k) {
       const double t = 1.0 - static_cast<double>(k) / static_cast<double>(steps);
       const double s = 1.0 - static_cast<double>(k + 1) / static_cast<double>(steps);
       const double at = config_.alpha(t), as = config_.alpha(s);
       if (!logits.defined() || changed || !cached) {
-        std::vector<int32_t> prefix(static_cast<size_t>(num * hi));
-        for (int64_t i = 0; i < num; ++i) {
-          std::copy_n(x.begin() + i * len, hi, prefix.begin() + i * hi);
-        }
-        logits = prefix_forward(Tensor::from_vector(prefix, {num, hi})).contiguous();
+        logits = cache ? block_forward_cached(block_ids(lo, hi), *cache, false).contiguous()
+                       : prefix_forward(block_ids(0, hi)).contiguous();
         ++st.network_calls;
       } else {
         ++st.cached_steps;
@@ -407,7 +424,7 @@ std::vector<int32_t> Mdlm::sample(int64_t num, int64_t steps, double temperature
       for (int64_t i = 0; i < num; ++i) {
         for (int64_t j = lo; j < hi; ++j) {
           int32_t& tok = x[static_cast<size_t>(i * len + j)];
-          const float* row = pl + (i * hi + j) * v;
+          const float* row = pl + (i * rows + j - first) * v;
           if (absorbing) {
             // A masked token is revealed with probability (alpha_s - alpha_t) / (1 - alpha_t),
             // to a token drawn from p(x0 | xt); revealed tokens stay.
@@ -430,6 +447,12 @@ std::vector<int32_t> Mdlm::sample(int64_t num, int64_t steps, double temperature
           }
         }
       }
+    }
+    // The block is final (the last step reveals every token): its clean keys and values join
+    // the cache for the blocks after it.
+    if (cache && blk + 1 < nb) {
+      (void)transformer->forward_cached(block_ids(lo, hi), *cache, lo, false, true);
+      ++st.kv_appends;
     }
   }
   train(was_training);

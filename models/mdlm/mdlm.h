@@ -78,6 +78,9 @@ struct SampleStats {
   int64_t steps = 0;          // denoising steps taken
   int64_t network_calls = 0;  // forward passes actually run
   int64_t cached_steps = 0;   // steps that reused the previous output (nothing changed)
+  // Block diffusion with the KV cache: forward passes that ran a finished block as clean and
+  // appended its keys and values to the cache (not counted in network_calls).
+  int64_t kv_appends = 0;
 };
 
 class Mdlm : public nn::Module {
@@ -142,9 +145,18 @@ class Mdlm : public nn::Module {
   // diffusion the blocks are drawn left to right, `steps` steps each, every block conditioned
   // on the ones already drawn. With `cached`, a step where no token changed reuses the previous
   // network output; the result is the same as uncached for the same rng. Returns (num, T) ids
-  // in [0, V), row-major. Eval mode, no grad.
+  // in [0, V), row-major. Eval mode, no grad. With `kv_cache` and block diffusion, the keys and
+  // values of the finished (clean) blocks are kept per layer (nn::KvCache): each step runs only
+  // the noisy block against the cache (not appended), and a finished block is run once as clean
+  // and appended; the logits equal prefix_forward's up to float summation order (and so do the
+  // draws, except where that order moves a uniform across a boundary). No effect without block
+  // diffusion (every position is noisy there).
   std::vector<int32_t> sample(int64_t num, int64_t steps, double temperature, bool cached, Rng& rng,
-                              SampleStats* stats = nullptr);
+                              SampleStats* stats = nullptr, bool kv_cache = true);
+  // The sampler's cached network call: block (B, n) i32 at positions [cache.length(),
+  // cache.length() + n), attending to the cached rows and to the whole block -> data logits
+  // (B, n, V). With `append` the block's keys and values join the cache. Inference only.
+  Tensor block_forward_cached(const Tensor& block, nn::KvCache& cache, bool append) const;
 
   // Loads a state dict (strict).
   Status load(const io::StateDict& sd) { return load_state_dict(sd, true); }

@@ -337,7 +337,8 @@ Result<TrainSummary> train_mdlm(const v1::RunConfig& cfg, const std::string& con
 }
 
 Result<std::string> sample_mdlm_checkpoint(const std::filesystem::path& path, int64_t steps,
-                                           double temperature, uint64_t seed, int64_t num_samples) {
+                                           double temperature, uint64_t seed, int64_t num_samples,
+                                           std::optional<bool> kv_cache) {
   ASSIGN_OR_RETURN(LoadedMdlm loaded, load_mdlm_checkpoint(path));
   const auto& dc = loaded.config.diffusion();
   if (steps <= 0) steps = dc.sampling_steps();
@@ -345,13 +346,21 @@ Result<std::string> sample_mdlm_checkpoint(const std::filesystem::path& path, in
   if (num_samples <= 0) return invalid_argument("num_samples must be positive");
   Rng rng(seed);
   SampleStats st;
+  const bool kv = kv_cache.value_or(loaded.config.sample().kv_cache());
+  const auto t0 = std::chrono::steady_clock::now();
   const auto ids =
-      loaded.model->sample(num_samples, steps, temperature, dc.cached_sampler(), rng, &st);
+      loaded.model->sample(num_samples, steps, temperature, dc.cached_sampler(), rng, &st, kv);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info(
       "mdlm sample: {} x {} tokens, {} steps, temperature {}, seed {}: {} network calls, "
       "{} saved by the cache",
       num_samples, loaded.model->config().block_size, st.steps, temperature, seed, st.network_calls,
       st.cached_steps);
+  spdlog::info(
+      "mdlm sample: {:.3f} s, {:.1f} tokens/s (kv cache {}{})", secs,
+      static_cast<double>(num_samples * loaded.model->config().block_size) / std::max(secs, 1e-9),
+      kv ? "on" : "off",
+      loaded.model->config().block_diffusion() ? "" : ", unused without block diffusion");
   const int64_t len = loaded.model->config().block_size;
   std::string out;
   for (int64_t i = 0; i < num_samples; ++i) {

@@ -95,9 +95,12 @@ Result<TrainSummary> train_mdlm(const v1::RunConfig& config, const std::string& 
 // Loads an MDLM checkpoint and draws `num_samples` sequences of block_size tokens with the
 // ancestral sampler (cached when [diffusion].cached_sampler), `steps` steps (<= 0: the
 // checkpoint's [diffusion].sampling_steps), `temperature`, Rng(seed). Returns the decoded
-// samples separated by "\n---\n"; logs the network calls the cache saved.
+// samples separated by "\n---\n"; logs the network calls the cache saved and the speed.
+// `kv_cache`: the block-diffusion KV cache (Mdlm::sample); unset takes the checkpoint's
+// [sample].kv_cache.
 Result<std::string> sample_mdlm_checkpoint(const std::filesystem::path& path, int64_t steps,
                                            double temperature, uint64_t seed,
-                                           int64_t num_samples = 1);
+                                           int64_t num_samples = 1,
+                                           std::optional<bool> kv_cache = std::nullopt);
 
 }  // namespace starling::models

@@ -98,6 +98,12 @@ TEST_CASE("cli: train a tiny GPT on a text file, then sample from it", "[apps]")
   Run s2 = run("sample -c " + (d / "tiny.toml").string() + " -n 40 --prompt to --seed 3");
   REQUIRE(s2.rc == 0);
   REQUIRE(s2.out == s.out);
+  // The KV cache is on by default; --no-kv-cache recomputes the whole context every token and
+  // draws the same text (40 tokens run past block_size = 16, where the context is cropped).
+  Run s3 = run("sample " + (d / "out" / "ckpt.safetensors").string() +
+               " -n 40 --prompt to --seed 3 --no-kv-cache");
+  REQUIRE(s3.rc == 0);
+  REQUIRE(s3.out == s.out);
 }
 
 TEST_CASE("cli: train --ranks 2 trains data-parallel and checkpoints, bad requests are refused",
@@ -248,6 +254,11 @@ TEST_CASE("cli: train and sample a tiny masked diffusion LM", "[apps]") {
   INFO(bs.out);
   REQUIRE(bs.rc == 0);
   REQUIRE(bs.out.size() >= 16);
+  // Without the KV cache of the clean blocks: the same sample.
+  Run bs_plain = run("sample " + (d / "bd3" / "ckpt.safetensors").string() +
+                     " --steps 4 --seed 2 --no-kv-cache");
+  REQUIRE(bs_plain.rc == 0);
+  REQUIRE(bs_plain.out == bs.out);
   // The bound over the whole validation split, with either estimator; the same seed repeats.
   Run e1 = run("eval " + (d / "bd3" / "ckpt.safetensors").string() + " --seed 3");
   Run e2 = run("eval " + (d / "bd3" / "ckpt.safetensors").string() + " --seed 3");
