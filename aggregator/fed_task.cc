@@ -127,6 +127,9 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
   }
   validate_diffusion_model(c, check);
   check(c.model().hidden() > 0, "model.hidden", "must be positive");
+  check(std::isfinite(c.model().init_std()) && c.model().init_std() > 0, "model.init_std",
+        "must be finite and positive");
+  check(std::isfinite(c.model().init_bias()), "model.init_bias", "must be finite");
   check(c.client().partition_index() < c.data().num_clients(), "client.partition_index",
         "must be below data.num_clients");
   check(c.eval().target_accuracy() >= 0 && c.eval().target_accuracy() <= 1, "eval.target_accuracy",
@@ -260,6 +263,7 @@ AggregatorOptions aggregator_options(const v1::FederationConfig& c) {
 edge_client::MnistTrainerOptions trainer_options(const v1::FederationConfig& c) {
   edge_client::MnistTrainerOptions o;
   o.hidden = c.model().hidden();
+  o.init = edge_client::init_spec(c.model());
   if (c.model().arch() == v1::FedModelConfig::CNN) {
     o.model = edge_client::MnistModel::kCnn;
     o.cnn.channels1 = c.model().cnn_channels1();

@@ -17,9 +17,28 @@ std::unique_ptr<models::Classifier> make_mnist_model(const MnistTrainerOptions& 
   if (options.model == MnistModel::kCnn) {
     models::CnnConfig c = options.cnn;
     c.side = static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(pixels))));
-    return std::make_unique<models::Cnn>(c, seed);
+    return std::make_unique<models::Cnn>(c, seed, options.init);
   }
-  return std::make_unique<models::Mlp>(models::MlpConfig{pixels, options.hidden, 10}, seed);
+  return std::make_unique<models::Mlp>(models::MlpConfig{pixels, options.hidden, 10}, seed,
+                                       options.init);
+}
+
+models::InitSpec init_spec(const v1::FedModelConfig& model) {
+  models::InitSpec s;
+  switch (model.init()) {
+    case v1::FedModelConfig::TORCH:
+      s.kind = models::ClassifierInit::kTorch;
+      break;
+    case v1::FedModelConfig::GLOROT:
+      s.kind = models::ClassifierInit::kGlorot;
+      break;
+    case v1::FedModelConfig::TRUNCATED_NORMAL:
+      s.kind = models::ClassifierInit::kTruncatedNormal;
+      break;
+  }
+  s.std = model.init_std();
+  s.bias = model.init_bias();
+  return s;
 }
 
 MnistTrainer::MnistTrainer(std::shared_ptr<const data::MnistSet> train,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/data/mnist.h"
+#include "core/wire/federation.pb.h"
 #include "edge_client/edge_client.h"
 #include "models/mlp/cnn.h"
 #include "models/mlp/mlp.h"
@@ -16,12 +17,16 @@ namespace starling::edge_client {
 enum class MnistModel { k2NN, kCnn };
 
 struct MnistTrainerOptions {
-  int64_t hidden = 200;  // 2NN
-  uint32_t epochs = 1;   // used when the plan's local_steps is 0
-  float prox_mu = 0.0f;  // FedProx: gradient += mu (w - w_global)
+  int64_t hidden = 200;   // 2NN
+  models::InitSpec init;  // 2NN and CNN
+  uint32_t epochs = 1;    // used when the plan's local_steps is 0
+  float prox_mu = 0.0f;   // FedProx: gradient += mu (w - w_global)
   MnistModel model = MnistModel::k2NN;
   models::CnnConfig cnn;  // CNN (side is taken from the data)
 };
+
+// [model] init, init_std and init_bias as an InitSpec.
+models::InitSpec init_spec(const v1::FedModelConfig& model);
 
 // The classifier `options` describe for images of `pixels` (a square side^2 for the CNN).
 std::unique_ptr<models::Classifier> make_mnist_model(const MnistTrainerOptions& options,

@@ -48,6 +48,9 @@ Status validate_gossip_config(const v1::GossipConfig& c, std::string_view source
   check(c.data().dataset() == "mnist" || c.data().dataset() == "fashion-mnist", "data.dataset",
         "must be mnist or fashion-mnist");
   check(c.model().hidden() > 0, "model.hidden", "must be positive");
+  check(std::isfinite(c.model().init_std()) && c.model().init_std() > 0, "model.init_std",
+        "must be finite and positive");
+  check(std::isfinite(c.model().init_bias()), "model.init_bias", "must be finite");
   check(c.model().arch() == v1::FedModelConfig::MLP, "model.arch",
         "must be MLP (gossip trains the MNIST 2NN)");
   check(c.data().partition() == v1::FedDataConfig::IID ||
@@ -194,7 +197,8 @@ Result<std::unique_ptr<GossipTask>> GossipTask::create(const v1::GossipConfig& c
                               " does not split image datasets (IID, DIRICHLET or SHARDS)");
   }
   const models::MlpConfig mc{t->train_->pixels(), c.model().hidden(), 10};
-  t->eval_model_ = std::make_unique<models::Mlp>(mc, c.model().seed());
+  t->eval_model_ =
+      std::make_unique<models::Mlp>(mc, c.model().seed(), edge_client::init_spec(c.model()));
   t->layout_ = edge_client::layout_of(*t->eval_model_);
   t->init_ = edge_client::flatten(*t->eval_model_);
   t->trainers_.resize(t->parts_.size());
@@ -215,6 +219,7 @@ edge_client::LocalTrainer* GossipTask::trainer(int peer) {
   if (!slot) {
     edge_client::MnistTrainerOptions o;
     o.hidden = config_.model().hidden();
+    o.init = edge_client::init_spec(config_.model());
     slot = std::make_unique<edge_client::MnistTrainer>(
         train_, parts_[static_cast<size_t>(peer) % parts_.size()], o);
   }

@@ -81,10 +81,17 @@ class MnistTask final : public SimTask {
                                   ? std::string("CNN")
                                   : fmt::format("2NN {}-{}-{}-10", train_->pixels(),
                                                 config_.model().hidden(), config_.model().hidden());
-    return fmt::format("{} ({} train examples), {} partition over {} clients; {}, {} parameters",
-                       config_.data().dataset(), train_->size(),
-                       part[static_cast<int>(config_.data().partition())], parts_.size(), model,
-                       model_->num_parameters());
+    const auto& m = config_.model();
+    const std::string init =
+        m.init() == v1::FedModelConfig::TRUNCATED_NORMAL
+            ? fmt::format("truncated normal init (std {}, bias {})", m.init_std(), m.init_bias())
+        : m.init() == v1::FedModelConfig::GLOROT ? "Glorot init"
+                                                 : "PyTorch init";
+    return fmt::format(
+        "{} ({} train examples), {} partition over {} clients; {}, {} parameters, {}",
+        config_.data().dataset(), train_->size(),
+        part[static_cast<int>(config_.data().partition())], parts_.size(), model,
+        model_->num_parameters(), init);
   }
 
  private:

@@ -10,7 +10,7 @@
 
 namespace starling::models {
 
-Cnn::Cnn(const CnnConfig& config, uint64_t seed) : config_(config) {
+Cnn::Cnn(const CnnConfig& config, uint64_t seed, const InitSpec& init) : config_(config) {
   Rng rng(seed);
   conv1_ = register_module("conv1",
                            std::make_shared<nn::Conv2d>(1, config.channels1, 5, 1, 2, true, rng));
@@ -20,11 +20,13 @@ Cnn::Cnn(const CnnConfig& config, uint64_t seed) : config_(config) {
   fc1_ = register_module("fc1", std::make_shared<nn::Linear>(flat, config.hidden, true, rng));
   fc2_ = register_module("fc2",
                          std::make_shared<nn::Linear>(config.hidden, config.classes, true, rng));
-  for (auto* fc : {fc1_.get(), fc2_.get()}) {
-    const double bound = 1.0 / std::sqrt(static_cast<double>(fc->weight.shape()[1]));
-    fc->weight.copy_from(Tensor::uniform(fc->weight.shape(), rng, -bound, bound));
-    fc->bias.copy_from(Tensor::uniform(fc->bias.shape(), rng, -bound, bound));
+  // Conv2d draws PyTorch's init itself; the other schemes redraw the convolutions too.
+  if (init.kind != ClassifierInit::kTorch) {
+    for (auto* conv : {conv1_.get(), conv2_.get()}) {
+      init_layer(conv->weight, conv->bias, init, rng);
+    }
   }
+  for (auto* fc : {fc1_.get(), fc2_.get()}) init_layer(fc->weight, fc->bias, init, rng);
 }
 
 Tensor Cnn::forward(const Tensor& x) const {

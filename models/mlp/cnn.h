@@ -23,9 +23,9 @@ struct CnnConfig {
 
 class Cnn : public Classifier {
  public:
-  // Initialized as PyTorch's Conv2d and Linear (uniform in +-1/sqrt(fan_in)).
+  // Weights from Rng(seed) as `init` says (default: as PyTorch's Conv2d and Linear).
   // REQUIRES: side divisible by 4.
-  Cnn(const CnnConfig& config, uint64_t seed);
+  Cnn(const CnnConfig& config, uint64_t seed, const InitSpec& init = {});
   Tensor forward(const Tensor& x) const override;
   int64_t in_features() const override { return config_.side * config_.side; }
   int64_t classes() const override { return config_.classes; }

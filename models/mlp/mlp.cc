@@ -10,26 +10,47 @@
 #include "core/util/rng.h"
 
 namespace starling::models {
-namespace {
-
-void torch_init(nn::Linear& layer, int64_t fan_in, Rng& rng) {
-  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
-  layer.weight.copy_from(Tensor::uniform(layer.weight.shape(), rng, -bound, bound));
-  layer.bias.copy_from(Tensor::uniform(layer.bias.shape(), rng, -bound, bound));
+void init_layer(Tensor& weight, Tensor& bias, const InitSpec& spec, Rng& rng) {
+  const Shape& shape = weight.shape();
+  int64_t receptive = 1;
+  for (size_t d = 2; d < shape.size(); ++d) receptive *= shape[d];
+  const int64_t fan_in = shape[1] * receptive, fan_out = shape[0] * receptive;
+  switch (spec.kind) {
+    case ClassifierInit::kTorch: {
+      const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+      weight.copy_from(Tensor::uniform(shape, rng, -bound, bound));
+      if (bias.defined()) bias.copy_from(Tensor::uniform(bias.shape(), rng, -bound, bound));
+      return;
+    }
+    case ClassifierInit::kGlorot: {
+      const double bound = std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
+      weight.copy_from(Tensor::uniform(shape, rng, -bound, bound));
+      if (bias.defined()) bias.copy_from(Tensor::zeros(bias.shape()));
+      return;
+    }
+    case ClassifierInit::kTruncatedNormal: {
+      Tensor w = Tensor::uninitialized(shape);
+      float* pw = w.data<float>();
+      for (int64_t i = 0; i < w.numel(); ++i) {
+        double z = rng.normal();
+        while (std::fabs(z) > 2.0) z = rng.normal();
+        pw[i] = static_cast<float>(spec.std * z);
+      }
+      weight.copy_from(w);
+      if (bias.defined()) bias.copy_from(Tensor::full(bias.shape(), spec.bias));
+      return;
+    }
+  }
 }
 
-}  // namespace
-
-Mlp::Mlp(const MlpConfig& config, uint64_t seed) : config_(config) {
+Mlp::Mlp(const MlpConfig& config, uint64_t seed, const InitSpec& init) : config_(config) {
   Rng rng(seed);
   fc1_ = register_module("fc1", std::make_shared<nn::Linear>(config.in, config.hidden, true, rng));
   fc2_ =
       register_module("fc2", std::make_shared<nn::Linear>(config.hidden, config.hidden, true, rng));
   fc3_ = register_module("fc3",
                          std::make_shared<nn::Linear>(config.hidden, config.classes, true, rng));
-  torch_init(*fc1_, config.in, rng);
-  torch_init(*fc2_, config.hidden, rng);
-  torch_init(*fc3_, config.hidden, rng);
+  for (auto* fc : {fc1_.get(), fc2_.get(), fc3_.get()}) init_layer(fc->weight, fc->bias, init, rng);
 }
 
 Tensor Mlp::forward(const Tensor& x) const {

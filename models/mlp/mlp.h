@@ -8,8 +8,28 @@
 
 #include "core/nn/layers.h"
 #include "core/nn/module.h"
+#include "core/util/rng.h"
 
 namespace starling::models {
+
+// How a classifier's weights are drawn. The papers these models come from do not say; the
+// framework of the day decided:
+// - kTorch: PyTorch's nn.Linear / nn.Conv2d, weights and biases U(+-1/sqrt(fan_in)).
+// - kGlorot: Keras' and TensorFlow 2's default, weights U(+-sqrt(6 / (fan_in + fan_out))),
+//   biases 0.
+// - kTruncatedNormal: the TensorFlow 1 MNIST tutorials' weight_variable / bias_variable,
+//   weights N(0, std^2) redrawn outside +-2 std, biases the constant `bias`.
+enum class ClassifierInit { kTorch, kGlorot, kTruncatedNormal };
+
+struct InitSpec {
+  ClassifierInit kind = ClassifierInit::kTorch;
+  double std = 0.1;   // kTruncatedNormal
+  double bias = 0.1;  // kTruncatedNormal
+};
+
+// Draws `weight` (out, fan_in...) and `bias` (out; may be undefined) as `spec` says, fan_in and
+// fan_out counting the kernel's receptive field for convolutions.
+void init_layer(Tensor& weight, Tensor& bias, const InitSpec& spec, Rng& rng);
 
 struct MlpConfig {
   int64_t in = 784;
@@ -27,8 +47,8 @@ class Classifier : public nn::Module {
 
 class Mlp : public Classifier {
  public:
-  // Initialized as torch.nn.Linear: weights and biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
-  Mlp(const MlpConfig& config, uint64_t seed);
+  // Weights from Rng(seed) as `init` says (default: as torch.nn.Linear).
+  Mlp(const MlpConfig& config, uint64_t seed, const InitSpec& init = {});
   // x: (B, in) f32 -> logits (B, classes).
   Tensor forward(const Tensor& x) const override;
   int64_t in_features() const override { return config_.in; }

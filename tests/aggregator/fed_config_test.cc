@@ -27,7 +27,7 @@ TEST_CASE("every federation config in configs/ loads", "[aggregator]") {
   CHECK(found >= 3);
 }
 
-TEST_CASE("the IID config is McMahan's setting", "[aggregator]") {
+TEST_CASE("the IID and shards configs are McMahan's settings", "[aggregator]") {
   auto c = load_federation_config(fs::path(STARLING_SOURCE_DIR) / "configs/fed_mnist_2nn_iid.toml");
   REQUIRE(c.ok());
   CHECK(c->data().num_clients() == 100);
@@ -36,18 +36,28 @@ TEST_CASE("the IID config is McMahan's setting", "[aggregator]") {
   CHECK(c->local().batch_size() == 10);
   CHECK(c->model().hidden() == 200);
   CHECK(c->data().partition() == v1::FedDataConfig::IID);
+  CHECK(c->local().learning_rate() == Approx(0.05));
+  CHECK(c->model().init() == v1::FedModelConfig::TRUNCATED_NORMAL);
+  auto s =
+      load_federation_config(fs::path(STARLING_SOURCE_DIR) / "configs/fed_mnist_2nn_shards.toml");
+  REQUIRE(s.ok());
+  CHECK(s->data().partition() == v1::FedDataConfig::SHARDS);
+  CHECK(s->data().shards_per_client() == 2);
+  CHECK(s->local().learning_rate() == Approx(0.05));
+  CHECK(s->model().init() == v1::FedModelConfig::TRUNCATED_NORMAL);
 }
 
 TEST_CASE("bad federation configs name the key", "[aggregator]") {
   v1::FederationConfig c;
   REQUIRE(config::parse_toml(
               "[server]\nupload_stall_seconds = 0\n[rounds]\nfraction = 1.5\n[local]\ncodec = "
-              "\"zip\"\n",
+              "\"zip\"\n[model]\ninit_std = 0\ninit_bias = nan\n",
               "x.toml", &c)
               .ok());
   const Status st = validate_federation_config(c, "x.toml");
   CHECK_THAT(st.message(), Contains("rounds.fraction") && Contains("local.codec") &&
-                               Contains("server.upload_stall_seconds"));
+                               Contains("server.upload_stall_seconds") &&
+                               Contains("model.init_std") && Contains("model.init_bias"));
   v1::FederationConfig d;
   const Status unknown = config::parse_toml("[rounds]\nfractoin = 0.5\n", "y.toml", &d);
   CHECK_THAT(unknown.message(), Contains("y.toml:2") && Contains("fraction"));
