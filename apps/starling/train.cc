@@ -401,7 +401,9 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
                 "GPT and block-diffusion MDLM: recompute the whole context every step instead of "
                 "keeping each layer's keys and values (default: [sample].kv_cache, true)");
   cmd->add_option("-c,--config", o->config, "The training config, to find its checkpoint");
-  cmd->add_option("--set", o->sets, "Config overrides, as for `starling train`");
+  cmd->add_option("--set", o->sets,
+                  "Config overrides, as for `starling train` (sample.KEY=VALUE also overrides the "
+                  "checkpoint's [sample])");
   cmd->add_option("--prompt", o->prompt, "Text to continue (default: [sample].prompt)");
   cmd->add_option("-n,--max-new-tokens", o->max_new_tokens, "Tokens to generate");
   cmd->add_option("--temperature", o->temperature, "Softmax temperature");
@@ -425,6 +427,15 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
     if (!found.ok()) return fail(ctx, found.status().message());
     std::string ckpt = *found;
     if (ckpt.empty()) ckpt = "runs/gpt_char_cpu/ckpt.safetensors";
+    // --set sample.KEY=VALUE also overrides the [sample] stored in the checkpoint.
+    std::vector<std::string> sample_sets;
+    for (const auto& s : o->sets) {
+      if (s.rfind("sample.", 0) == 0) sample_sets.push_back(s);
+    }
+    v1::RunConfig sample_over;
+    if (Status st = apply_overrides(sample_sets, &sample_over); !st.ok()) {
+      return fail(ctx, st.message());
+    }
     {
       // Masked diffusion checkpoints sample with their own (non-autoregressive) sampler.
       auto file = io::load_safetensors(ckpt);
@@ -448,6 +459,7 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
       }
       if (it != file->metadata.end() && it->second == "starling.mdlm.v1") {
         std::optional<bool> kv;
+        if (sample_over.sample().has_kv_cache()) kv = sample_over.sample().kv_cache();
         if (o->no_kv_cache) kv = false;
         auto text = models::sample_mdlm_checkpoint(ckpt, o->steps, o->temperature.value_or(1.0),
                                                    o->seed.value_or(1337), 1, kv);
@@ -458,6 +470,7 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
     }
     auto loaded = models::load_gpt_checkpoint(ckpt, o->data_dir);
     if (!loaded.ok()) return fail(ctx, loaded.status().message());
+    loaded->config.mutable_sample()->MergeFrom(sample_over.sample());
     const auto& sc = loaded->config.sample();
     const std::string prompt = o->prompt.value_or(sc.prompt());
     auto ids = loaded->tokenizer->encode(prompt);

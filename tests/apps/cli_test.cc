@@ -104,6 +104,15 @@ TEST_CASE("cli: train a tiny GPT on a text file, then sample from it", "[apps]")
                " -n 40 --prompt to --seed 3 --no-kv-cache");
   REQUIRE(s3.rc == 0);
   REQUIRE(s3.out == s.out);
+  // --set sample.* overrides the checkpoint's [sample]: the same as the flags, and typos fail.
+  Run s4 = run("sample " + (d / "out" / "ckpt.safetensors").string() +
+               " --set sample.max_new_tokens=40 --set sample.prompt=to --set sample.seed=3 --set "
+               "sample.kv_cache=false");
+  REQUIRE(s4.rc == 0);
+  REQUIRE(s4.out == s.out);
+  Run s5 = run("sample " + (d / "out" / "ckpt.safetensors").string() + " --set sample.top_kk=3");
+  CHECK(s5.rc != 0);
+  CHECK_THAT(s5.out, Catch::Contains("top_kk"));
 }
 
 TEST_CASE("cli: train --ranks 2 trains data-parallel and checkpoints, bad requests are refused",
