@@ -317,17 +317,21 @@ io::StateDict FusedGpt::state_dict() {
   return sd;
 }
 
-Status FusedGpt::set_batch(const FusedBatch& batch) {
-  const size_t N = static_cast<size_t>(b_ * t_);
+Status FusedGpt::set_batch(const FusedBatch& batch, bool fewer_rows) {
   const int32_t* idx = batch.idx;
   const int32_t* targets = batch.targets;
   if (idx == nullptr || targets == nullptr) {
     return invalid_argument("fused GPT: a batch needs inputs and targets");
   }
-  if (batch.count != N) {
+  const size_t T = static_cast<size_t>(t_), full = static_cast<size_t>(b_) * T;
+  const bool fits = fewer_rows ? batch.count > 0 && batch.count % T == 0 && batch.count <= full
+                               : batch.count == full;
+  const size_t N = fits ? batch.count : full;
+  if (!fits) {
     return invalid_argument("fused GPT: batch has " + std::to_string(batch.count) +
-                            " tokens, expected B*T = " + std::to_string(b_) + "*" +
-                            std::to_string(t_));
+                            " tokens, expected " +
+                            (fewer_rows ? "r*T, 1 <= r <= B, with B*T = " : "B*T = ") +
+                            std::to_string(b_) + "*" + std::to_string(t_));
   }
   const int32_t V = static_cast<int32_t>(config_.vocab_size);
   const int32_t VL = static_cast<int32_t>(loss_vocab_);
@@ -375,12 +379,13 @@ Status FusedGpt::set_batch(const FusedBatch& batch) {
   backend_->copy_to_backend(a_.bucket_order, h_order_.data(), N * sizeof(int));
   backend_->copy_to_backend(a_.bucket_starts, h_starts_.data(), h_starts_.size() * sizeof(int));
   backend_->copy_to_backend(a_.bucket_tokens, h_tokens_.data(), h_tokens_.size() * sizeof(int));
+  rows_ = static_cast<int64_t>(N / T);
   return ok_status();
 }
 
 void FusedGpt::forward() {
   FusedBackend& k = *backend_;
-  const int B = static_cast<int>(b_), T = static_cast<int>(t_);
+  const int B = static_cast<int>(rows_), T = static_cast<int>(t_);
   const int C = static_cast<int>(config_.n_embd), V = static_cast<int>(config_.vocab_size);
   const int H = static_cast<int>(config_.n_head);
   const int N = B * T;
@@ -414,7 +419,7 @@ void FusedGpt::forward() {
 
 void FusedGpt::backward() {
   FusedBackend& k = *backend_;
-  const int B = static_cast<int>(b_), T = static_cast<int>(t_);
+  const int B = static_cast<int>(rows_), T = static_cast<int>(t_);
   const int C = static_cast<int>(config_.n_embd), V = static_cast<int>(config_.vocab_size);
   const int H = static_cast<int>(config_.n_head);
   const int N = B * T;
@@ -459,7 +464,7 @@ Result<double> FusedGpt::loss(const int32_t* idx, const int32_t* targets, size_t
 }
 
 Result<double> FusedGpt::loss(const FusedBatch& batch) {
-  RETURN_IF_ERROR(set_batch(batch));
+  RETURN_IF_ERROR(set_batch(batch, true));
   forward();
   float loss = 0.0f;
   backend_->copy_to_host(&loss, static_cast<char*>(a_.scalars) + kLossOffset, sizeof loss);
@@ -535,7 +540,7 @@ std::vector<float> FusedGpt::gradients_host() {
 }
 
 std::vector<float> FusedGpt::logits_host() {
-  std::vector<float> out(static_cast<size_t>(b_ * t_ * config_.vocab_size));
+  std::vector<float> out(static_cast<size_t>(rows_ * t_ * config_.vocab_size));
   backend_->copy_to_host(out.data(), a_.logits, out.size() * sizeof(float));
   return out;
 }

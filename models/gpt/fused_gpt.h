@@ -120,7 +120,8 @@ class FusedGpt {
   // idx, targets: (B, T) row-major token ids in [0, V) (host memory). Bad sizes or ids:
   // InvalidArgument naming the first bad position. Returns the mean loss (waits for it).
   Result<double> loss(const int32_t* idx, const int32_t* targets, size_t count);
-  // The loss of a batch (FusedBatch: mean or weighted), forward only.
+  // The loss of a batch (FusedBatch: mean or weighted), forward only. The batch may hold fewer
+  // rows than the engine was sized for (count = r * T, 1 <= r <= B): only those r rows run.
   Result<double> loss(const FusedBatch& batch);
   // One training step: forward, backward, global-norm clipping at grad_clip (0: none), AdamW
   // with learning rate lr. Only the loss and the norm come back to the host, at the end.
@@ -135,13 +136,15 @@ class FusedGpt {
   // Host copies for tests and tools.
   std::vector<float> parameters_host();
   std::vector<float> gradients_host();
-  std::vector<float> logits_host();  // (B, T, V) of the last forward, all V columns
+  std::vector<float> logits_host();  // (r, T, V) of the last forward's r rows, all V columns
 
  private:
   FusedGpt(const GptConfig& config, int64_t b, int64_t t, const ops::AttnMask& mask,
            std::unique_ptr<FusedBackend> backend);
   Status allocate();
-  Status set_batch(const FusedBatch& batch);
+  // Copies a batch in; `fewer_rows` accepts r * T tokens for 1 <= r <= B (forward only), else
+  // exactly B * T. Sets rows_ to the batch's rows.
+  Status set_batch(const FusedBatch& batch, bool fewer_rows = false);
   void forward();
   void backward();
 
@@ -151,6 +154,7 @@ class FusedGpt {
 
   GptConfig config_;
   int64_t b_, t_;
+  int64_t rows_ = 0;  // rows of the batch set last (b_ for training; 1..b_ for loss)
   ops::AttnMask mask_;
   int64_t positions_;  // t_, or mask_'s position period
   std::unique_ptr<FusedBackend> backend_;

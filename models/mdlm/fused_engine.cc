@@ -62,7 +62,8 @@ Result<std::unique_ptr<FusedMdlm>> FusedMdlm::make(const MdlmConfig& config, int
   return m;
 }
 
-Result<FusedBatch> FusedMdlm::stage(const Tensor& x0, std::span<const double> t, const Tensor& xt) {
+Result<FusedBatch> FusedMdlm::stage(const Tensor& x0, std::span<const double> t, const Tensor& xt,
+                                    bool pad) {
   const int64_t len = config_.block_size, v = config_.vocab_size;
   if (x0.dtype() != DType::kI32 || x0.dim() != 2 || x0.shape()[1] != len) {
     return invalid_argument("fused MDLM: x0 must be i32 of shape (b, T = " + std::to_string(len) +
@@ -99,7 +100,7 @@ Result<FusedBatch> FusedMdlm::stage(const Tensor& x0, std::span<const double> t,
   const int32_t* pz = xtc.data<int32_t>();
   // Each trunk row: x_t, then with block diffusion x_0 (its positions repeat x_t's; no targets).
   const int64_t seq = trunk_->time();
-  const size_t n = static_cast<size_t>(rows() * seq);
+  const size_t n = static_cast<size_t>((pad ? rows() : b) * seq);
   idx_.assign(n, 0);  // padding rows: any token, every target ignored
   targets_.assign(n, -1);
   weights_.assign(n, 0.0f);
@@ -132,7 +133,8 @@ Result<FusedBatch> FusedMdlm::stage(const Tensor& x0, std::span<const double> t,
 }
 
 Result<double> FusedMdlm::loss(const Tensor& x0, std::span<const double> t, const Tensor& xt) {
-  ASSIGN_OR_RETURN(const FusedBatch fb, stage(x0, t, xt));
+  // Forward only: the trunk runs the batch's b rows, not the engine's full (antithetic) 2B.
+  ASSIGN_OR_RETURN(const FusedBatch fb, stage(x0, t, xt, false));
   return trunk_->loss(fb);
 }
 

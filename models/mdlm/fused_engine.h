@@ -85,7 +85,9 @@ class FusedMdlm {
   // diffusion: rows of 2T), x0 as targets at the masked positions of xt (-1 elsewhere and on the
   // whole x0 half), weights (1/t) / (b*T); rows b.. of the trunk's batch are padding with every
   // target ignored.
-  Result<FusedBatch> stage(const Tensor& x0, std::span<const double> t, const Tensor& xt);
+  // `pad`: fill the engine's rows() with ignored rows (training needs them all); else only b.
+  Result<FusedBatch> stage(const Tensor& x0, std::span<const double> t, const Tensor& xt,
+                           bool pad = true);
 
   MdlmConfig config_;
   int64_t batch_;

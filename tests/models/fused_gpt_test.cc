@@ -455,6 +455,37 @@ TEST_CASE("fused GPT weighted batches: loss vocabulary and ignored targets", "[m
   CHECK(data_rows > 0.0);
 }
 
+TEST_CASE("fused GPT loss runs fewer rows than the engine holds", "[models][fused]") {
+  // The loss of the first r rows alone equals the loss of all B rows with rows r.. ignored;
+  // training still needs all B rows, and the count must be whole rows.
+  GptConfig c = tiny(true);
+  const int64_t b = 3, t = 8;
+  const size_t n = static_cast<size_t>(b * t), r = static_cast<size_t>(t);
+  auto m = make_fused(c, b, t);
+  const auto x = random_tokens(n, c.vocab_size, 61), y = random_tokens(n, c.vocab_size, 62);
+  std::vector<float> w(n, 0.0f);
+  auto yp = y;
+  for (size_t i = 0; i < n; ++i) {
+    if (i < r) w[i] = 1.0f / static_cast<float>(r);
+    if (i >= r) yp[i] = -1;
+  }
+  auto padded = m->loss(FusedBatch{x.data(), yp.data(), w.data(), n});
+  auto one_row = m->loss(FusedBatch{x.data(), y.data(), w.data(), r});
+  auto mean_one = m->loss(FusedBatch{x.data(), y.data(), nullptr, r});
+  REQUIRE(padded.ok());
+  REQUIRE(one_row.ok());
+  REQUIRE(mean_one.ok());
+  CHECK(*one_row == Approx(*padded).epsilon(1e-6));
+  CHECK(*mean_one == Approx(*padded).epsilon(1e-6));
+  CHECK(m->logits_host().size() == r * static_cast<size_t>(c.vocab_size));
+  CHECK_THAT(m->loss(FusedBatch{x.data(), y.data(), nullptr, r + 1}).status().message(),
+             Catch::Contains("r*T"));
+  CHECK_FALSE(m->forward_backward(FusedBatch{x.data(), y.data(), w.data(), r}).ok());
+  // A full batch after a short one runs all rows again.
+  REQUIRE(m->forward_backward(FusedBatch{x.data(), yp.data(), w.data(), n}).ok());
+  CHECK(m->logits_host().size() == n * static_cast<size_t>(c.vocab_size));
+}
+
 TEST_CASE("bf16 linear layers round GEMM inputs to nearest even and accumulate in fp32",
           "[models][fused]") {
   auto backend = make_fused_cpu_backend();
