@@ -41,12 +41,4 @@ class KvCache {
   int64_t capacity_ = 0;
 };
 
-// y = x W^T + b for the few rows of a cached step: x (..., in), w (out, in), bias (out) or
-// undefined -> (..., out). Up to kDecodeRows rows go through one BLAS matrix-vector product per
-// row (OpenBLAS's sgemm with one row packs the whole weight first: 2-10x slower at these
-// shapes); more rows, other dtypes, or a graph that needs gradients take ops::linear. The
-// result equals ops::linear's up to float summation order.
-inline constexpr int64_t kDecodeRows = 4;
-Tensor decode_linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
-
 }  // namespace starling::nn

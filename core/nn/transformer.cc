@@ -41,7 +41,7 @@ Tensor SelfAttention::forward(const Tensor& x, const ops::AttnMask& mask) const 
 
 Tensor SelfAttention::forward_cached(const Tensor& x, LayerKv& kv, int64_t pos0, bool causal,
                                      bool append) const {
-  const Tensor qkv = decode_linear(x, c_attn->weight, c_attn->bias);  // (B, n, 3C)
+  const Tensor qkv = c_attn->forward(x);  // (B, n, 3C)
   ops::KvAttnOptions opt;
   opt.causal = causal;
   opt.rope = s_.rope;
@@ -49,7 +49,7 @@ Tensor SelfAttention::forward_cached(const Tensor& x, LayerKv& kv, int64_t pos0,
   opt.pos0 = pos0;
   const Tensor y = ops::attention_kv(qkv, kv.k, kv.v, kv.length, s_.n_head, opt);
   if (append) kv.length += x.shape()[1];
-  return decode_linear(y, c_proj->weight, c_proj->bias);
+  return c_proj->forward(y);
 }
 
 Mlp::Mlp(const TransformerShape& s, Rng& init, Rng& dropout_rng)
@@ -83,9 +83,7 @@ Tensor Block::forward(const Tensor& x, const ops::AttnMask& mask) const {
 Tensor Block::forward_cached(const Tensor& x, LayerKv& kv, int64_t pos0, bool causal,
                              bool append) const {
   const Tensor h = ops::add(x, attn->forward_cached(ln_1->forward(x), kv, pos0, causal, append));
-  // The MLP without dropout (inference), its products row by row for a few rows.
-  const Tensor a = ops::gelu(decode_linear(ln_2->forward(h), mlp->c_fc->weight, mlp->c_fc->bias));
-  return ops::add(h, decode_linear(a, mlp->c_proj->weight, mlp->c_proj->bias));
+  return ops::add(h, mlp->forward(ln_2->forward(h)));  // eval mode: no dropout
 }
 
 }  // namespace starling::nn

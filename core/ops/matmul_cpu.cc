@@ -1,6 +1,8 @@
 // CPU matrix products: OpenBLAS sgemm/dgemm, with the backward products of each.
 #include <cblas.h>
 
+#include <algorithm>
+
 #include "core/autograd/autograd.h"
 #include "core/ops/internal/op_util.h"
 #include "core/ops/matmul.h"
@@ -9,10 +11,38 @@
 namespace starling::ops {
 
 namespace internal {
+namespace {
+
+// Products of a few rows (a decode step: one new token per sequence) as one matrix-vector
+// product per row: OpenBLAS's gemm packs all of B first and is 2-10x slower at these shapes.
+constexpr int64_t kGemvRows = 4;
+
+bool few_rows(int64_t m, int64_t n, int64_t k) {
+  return m >= 1 && m <= kGemvRows && n > 0 && k > 0;
+}
+
+// Row r of C (n) = alpha op(A)[r] op(B) + beta C[r], op(B) (k, n): B is stored (n, k) when tb,
+// else (k, n); row r of op(A) is A's column r when ta.
+template <typename T, typename Gemv>
+void gemm_rows(Gemv gemv, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  for (int64_t r = 0; r < m; ++r) {
+    T* y = c + r * ldc;
+    if (beta == T(0)) std::fill_n(y, n, T(0));  // never read the old contents (maybe NaN)
+    gemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, static_cast<blasint>(tb ? n : k),
+         static_cast<blasint>(tb ? k : n), alpha, b, static_cast<blasint>(ldb),
+         ta ? a + r : a + r * lda, static_cast<blasint>(ta ? lda : 1), beta, y, 1);
+  }
+}
+
+}  // namespace
 
 template <>
 void gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (few_rows(m, n, k)) {
+    return gemm_rows<float>(cblas_sgemv, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
@@ -22,6 +52,9 @@ void gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 template <>
 void gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
                   int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  if (few_rows(m, n, k)) {
+    return gemm_rows<double>(cblas_dgemv, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,

@@ -176,7 +176,7 @@ std::vector<int32_t> Gpt::generate(std::vector<int32_t> tokens, int64_t max_new,
       const int64_t m = n - past;
       const Tensor hidden = transformer->forward_cached(Tensor::from_vector(rows, {1, m}), *cache,
                                                         past, config_.causal, true);
-      logits = nn::decode_linear(ops::slice(hidden, 1, m - 1, m), transformer->wte->weight);
+      logits = ops::linear(ops::slice(hidden, 1, m - 1, m), transformer->wte->weight);
     } else {
       const int64_t start = std::max<int64_t>(0, n - bs);
       std::vector<int32_t> ctx(tokens.begin() + start, tokens.end());

@@ -155,7 +155,7 @@ Tensor Mdlm::prefix_forward(const Tensor& x) const {
 
 Tensor Mdlm::block_forward_cached(const Tensor& block, nn::KvCache& cache, bool append) const {
   const Tensor hidden = transformer->forward_cached(block, cache, cache.length(), false, append);
-  return data_logits(nn::decode_linear(hidden, transformer->wte->weight));
+  return data_logits(ops::linear(hidden, transformer->wte->weight));
 }
 
 Tensor Mdlm::subs_logits(const Tensor& xt, const Tensor& x0) const {

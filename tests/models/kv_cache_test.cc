@@ -294,22 +294,3 @@ TEST_CASE("kv cache: [sample] kv_cache is on by default and read from TOML", "[k
   REQUIRE_FALSE(bad.ok());
   REQUIRE_THAT(bad.message(), Catch::Contains("s.toml:2") && Catch::Contains("sample.kv_cache"));
 }
-
-TEST_CASE("kv cache: decode_linear equals ops::linear", "[kv_cache]") {
-  const DType dtype = GENERATE(DType::kF32, DType::kF64);
-  const int64_t rows = GENERATE(1, 3, 4, 6);  // 6: past kDecodeRows, ops::linear itself
-  const bool with_bias = GENERATE(false, true);
-  Rng rng(9);
-  const Tensor x = Tensor::randn({1, rows, 12}, rng, 1.0, 0.0, dtype);
-  const Tensor w = Tensor::randn({7, 12}, rng, 1.0, 0.0, dtype);
-  const Tensor b = with_bias ? Tensor::randn({7}, rng, 1.0, 0.0, dtype) : Tensor();
-  autograd::NoGradGuard ng;
-  const Tensor y = nn::decode_linear(x, w, b);
-  REQUIRE(y.shape() == starling::Shape{1, rows, 7});
-  REQUIRE(max_diff(y, ops::linear(x, w, b)) < (dtype == DType::kF64 ? 1e-12 : 1e-5));
-  // A strided view (one row of a wider tensor) reads the right elements.
-  const Tensor wide = Tensor::randn({1, rows, 24}, rng, 1.0, 0.0, dtype);
-  const Tensor view = ops::slice(wide, 2, 12, 24);
-  REQUIRE(max_diff(nn::decode_linear(view, w, b), ops::linear(view.contiguous(), w, b)) <
-          (dtype == DType::kF64 ? 1e-12 : 1e-5));
-}

@@ -1,0 +1,60 @@
+// internal::gemm against a float64 loop: every transpose combination, padded leading
+// dimensions, beta 0 over garbage and beta 1, for a few rows (the matrix-vector path of decode
+// steps) and for more (BLAS gemm).
+#include "core/ops/matmul.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/util/rng.h"
+
+namespace starling::ops {
+namespace {
+
+template <typename T>
+void check_gemm(bool ta, bool tb, int64_t m, double beta, double tol) {
+  const int64_t n = 7, k = 5, pad = 3;
+  // A is op(A) (m, k) stored (k, m) when ta; B is op(B) (k, n) stored (n, k) when tb.
+  const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+  const int64_t a_rows = ta ? k : m, b_rows = tb ? n : k;
+  Rng rng(static_cast<uint64_t>(m * 8 + ta * 2 + tb));
+  std::vector<T> a(static_cast<size_t>(a_rows * lda)), b(static_cast<size_t>(b_rows * ldb));
+  for (auto& e : a) e = static_cast<T>(rng.normal());
+  for (auto& e : b) e = static_cast<T>(rng.normal());
+  std::vector<T> c(static_cast<size_t>(m * ldc));
+  for (auto& e : c) e = beta == 0.0 ? std::numeric_limits<T>::quiet_NaN() : static_cast<T>(1.5);
+  const auto at = [&](int64_t i, int64_t j) { return ta ? a[j * lda + i] : a[i * lda + j]; };
+  const auto bt = [&](int64_t i, int64_t j) { return tb ? b[j * ldb + i] : b[i * ldb + j]; };
+  internal::gemm<T>(ta, tb, m, n, k, T(0.5), a.data(), lda, b.data(), ldb, static_cast<T>(beta),
+                    c.data(), ldc);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double want = beta * 1.5;
+      for (int64_t p = 0; p < k; ++p) {
+        want += 0.5 * static_cast<double>(at(i, p)) * static_cast<double>(bt(p, j));
+      }
+      INFO("ta " << ta << " tb " << tb << " m " << m << " beta " << beta << " at " << i << ","
+                 << j);
+      CHECK(std::abs(static_cast<double>(c[i * ldc + j]) - want) < tol);
+    }
+    // The padding between rows is not written.
+    for (int64_t j = n; j < ldc; ++j) {
+      const double v = static_cast<double>(c[i * ldc + j]);
+      CHECK((beta == 0.0 ? std::isnan(v) : v == 1.5));
+    }
+  }
+}
+
+TEST_CASE("gemm matches float64 for few and many rows, all transposes", "[ops]") {
+  const int64_t m = GENERATE(1, 3, 4, 5, 9);  // 1-4: one matrix-vector product per row
+  const bool ta = GENERATE(false, true);
+  const bool tb = GENERATE(false, true);
+  const double beta = GENERATE(0.0, 1.0);
+  check_gemm<float>(ta, tb, m, beta, 1e-5);
+  check_gemm<double>(ta, tb, m, beta, 1e-12);
+}
+
+}  // namespace
+}  // namespace starling::ops
