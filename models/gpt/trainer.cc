@@ -59,14 +59,9 @@ class AutogradEngine final : public GptEngine {
   std::string describe() const override { return "autograd engine"; }
   int64_t num_parameters() const override { return model_.num_parameters(); }
   Result<Step> step(const data::Batch& batch, double lr, double grad_clip) override {
-    Tensor loss = model_.loss(batch.x, batch.y);
-    const double loss_v = loss.item();
-    if (!std::isfinite(loss_v)) return Step{loss_v, 0.0};  // the loop stops with the reason
-    autograd::backward(loss);
-    const double gnorm = optim::clip_grad_norm(model_.parameters(), grad_clip);
-    opt_->step(lr);
-    opt_->zero_grad();
-    return Step{loss_v, gnorm};
+    const AutogradStep r =
+        autograd_step(model_.loss(batch.x, batch.y), model_.parameters(), *opt_, lr, grad_clip);
+    return Step{r.loss, r.grad_norm};
   }
   Result<double> eval_loss(const data::Batch& batch) override {
     autograd::NoGradGuard ng;
@@ -83,6 +78,17 @@ class AutogradEngine final : public GptEngine {
 };
 
 }  // namespace
+
+AutogradStep autograd_step(const Tensor& loss, const std::vector<Tensor>& params,
+                           optim::Optimizer& opt, double lr, double grad_clip) {
+  const double loss_v = loss.item();
+  if (!std::isfinite(loss_v)) return AutogradStep{loss_v, 0.0};
+  autograd::backward(loss);
+  const double gnorm = optim::clip_grad_norm(params, grad_clip);
+  opt.step(lr);
+  opt.zero_grad();
+  return AutogradStep{loss_v, gnorm};
+}
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const std::vector<Tensor>& params,
                                                  const v1::TrainConfig& tc) {

@@ -62,6 +62,16 @@ using GptEngineFactory =
 std::unique_ptr<optim::Optimizer> make_optimizer(const std::vector<Tensor>& params,
                                                  const v1::TrainConfig& tc);
 
+// One step of an autograd trainer on the scalar `loss` over `params`: backward, global-norm
+// clipping at grad_clip, opt.step(lr), zero grads. Returns the loss and the norm before
+// clipping; a non-finite loss comes back with norm 0 and the weights untouched (the loop stops).
+struct AutogradStep {
+  double loss = 0.0;
+  double grad_norm = 0.0;
+};
+AutogradStep autograd_step(const Tensor& loss, const std::vector<Tensor>& params,
+                           optim::Optimizer& opt, double lr, double grad_clip);
+
 // Mean next-token loss over a whole split: every non-overlapping window of t inputs and its t
 // shifted targets, b windows per batch (a final partial batch is left out: an engine may be
 // built for exactly b rows); `batch_loss` gives a batch's mean loss. Returns {loss, windows}.

@@ -92,14 +92,9 @@ class AutogradMdlmEngine final : public MdlmEngine {
   std::string describe() const override { return "autograd engine"; }
   int64_t num_parameters() const override { return model_.num_parameters(); }
   Result<Step> step(const Tensor& x0, Rng& noise_rng, double lr, double grad_clip) override {
-    Tensor loss = model_.loss(x0, noise_rng);
-    const double loss_v = loss.item();
-    if (!std::isfinite(loss_v)) return Step{loss_v, 0.0};  // the loop stops with the reason
-    autograd::backward(loss);
-    const double gnorm = optim::clip_grad_norm(model_.parameters(), grad_clip);
-    opt_->step(lr);
-    opt_->zero_grad();
-    return Step{loss_v, gnorm};
+    const AutogradStep r =
+        autograd_step(model_.loss(x0, noise_rng), model_.parameters(), *opt_, lr, grad_clip);
+    return Step{r.loss, r.grad_norm};
   }
   Result<double> eval_loss(const Tensor& x0, std::span<const double> t, const Tensor& xt) override {
     autograd::NoGradGuard ng;
