@@ -21,8 +21,10 @@ if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c "import flwr, torch"
 fi
 data_dir=${STARLING_DATA_DIR:-$(cd .. && pwd)/shared/data}
 work=$(mktemp -d)
-agg_pid=""
-trap '[[ -n "$agg_pid" ]] && kill "$agg_pid" 2>/dev/null; rm -rf "$work"' EXIT
+# Every exit (done, failed, Ctrl-C) stops the servers this script started, even the ones
+# started inside $(run_starling ...), and removes $work.
+source "$(dirname "$0")/../scripts/lib/procs.sh"
+on_exit_kill_children 'rm -rf "$work"'
 "$starling" --log-level warn certs init-ca --out "$work/ca" --name footprint
 "$starling" --log-level warn certs issue --ca "$work/ca" --name aggregator --role server \
   --san DNS:localhost,IP:127.0.0.1 --out "$work/agg"
@@ -52,12 +54,11 @@ every_rounds = 0"
   printf '[tls]\nca = "%s"\ncert = "%s"\nkey = "%s"\n%s\n[client]\nserver_port = %s\nserver_name = "localhost"\npartition_index = 7\nstate_path = "none"\n' \
     "$work/c/ca.crt" "$work/c/client-7.crt" "$work/c/client-7.key" "$common" "$port" >"$work/client.toml"
   "$starling" --log-level warn aggregator --config "$work/agg.toml" >"$work/agg.log" 2>&1 &
-  agg_pid=$!
+  local agg_pid=$!
   sleep 0.5
   OMP_NUM_THREADS=1 /usr/bin/time -f "%M %e" -o "$work/time" \
     "$starling" --log-level warn client --config "$work/client.toml" >"$work/client.log" 2>&1
   wait "$agg_pid"
-  agg_pid=""
   read -r kb secs <"$work/time"
   awk -v kb="$kb" -v s="$secs" -v r="$rounds" 'BEGIN { printf "%.1f %.3f", kb / 1024, s / r }'
 }

@@ -30,12 +30,9 @@ arm_bin=$PWD/build/arm64/apps/starling
 file "$arm_bin" | grep -q "ARM aarch64" || { echo "arm64_check: $arm_bin is not an aarch64 binary" >&2; exit 1; }
 
 work=$(mktemp -d)
-agg_pid=""
-cleanup() {
-  [[ -n "$agg_pid" ]] && kill "$agg_pid" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# Every exit (done, failed, Ctrl-C) stops the aggregator and removes $work.
+source scripts/lib/procs.sh
+on_exit_kill_children 'rm -rf "$work"'
 "$host_bin" --log-level warn certs init-ca --out "$work/ca" --name arm64-check
 "$host_bin" --log-level warn certs issue --ca "$work/ca" --name aggregator --role server \
   --san DNS:localhost,IP:127.0.0.1 --out "$work/agg"
@@ -89,7 +86,6 @@ echo "== x86-64 aggregator on port $port; ARM64 client under $(command -v qemu-a
 qemu-aarch64 "$arm_bin" client --config "$work/client.toml" --check
 qemu-aarch64 "$arm_bin" client --config "$work/client.toml"
 wait "$agg_pid"
-agg_pid=""
 grep -E "round 2|done after" "$work/agg.log"
 echo "== the ARM64 client finished 2 federated rounds against the x86-64 aggregator"
 

@@ -1,7 +1,6 @@
 // The starling binary end to end: train/sample on a tiny corpus, certificate tooling, and the
 // one-line errors (naming file, line and key) that bad input must produce.
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -10,27 +9,17 @@
 #include <iterator>
 #include <string>
 
+#include "tests/testing/child_process.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int rc = -1;
-  std::string out;  // stdout and stderr together
-};
+using Run = starling::testing::CommandResult;
 
 Run run(const std::string& args) {
-  const std::string cmd =
-      std::string(STARLING_BINARY_DIR) + "/apps/starling --log-level warn " + args + " 2>&1";
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return starling::testing::run_shell(std::string(STARLING_BINARY_DIR) +
+                                      "/apps/starling --log-level warn " + args);
 }
 
 fs::path temp_dir(const std::string& name) {

@@ -1,8 +1,6 @@
 // The diffusion models federated from the command line: `starling aggregator` and two
 // `starling client` processes train a tiny DDPM over mutual TLS, `starling aggregator --simulate`
 // a tiny MDLM, and `starling sample` reads the checkpoints they leave.
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,51 +13,30 @@
 #include <string>
 #include <thread>
 
+#include "tests/testing/child_process.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
 const std::string kBinary = std::string(STARLING_BINARY_DIR) + "/apps/starling";
 
-struct Run {
-  int rc = -1;
-  std::string out;
-};
+using starling::testing::ChildProcess;
+
+using Run = starling::testing::CommandResult;
 
 Run run(const std::string& args) {
-  const std::string cmd = kBinary + " --log-level warn " + args + " 2>&1";
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return starling::testing::run_shell(kBinary + " --log-level warn " + args);
 }
 
-pid_t spawn(const std::string& args, const fs::path& log) {
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    const std::string cmd = "exec " + kBinary + " " + args + " >" + log.string() + " 2>&1";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return pid;
+// `starling ARGS` with its output in `log`; killed and reaped with its owner.
+ChildProcess spawn(const std::string& args, const fs::path& log) {
+  return ChildProcess::shell(kBinary + " " + args + " >" + log.string() + " 2>&1");
 }
 
-// The child's exit code after at most `seconds`; -1 if it is still running (then killed).
-int wait_for(pid_t pid, int seconds) {
-  for (int i = 0; i < seconds * 20; ++i) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-  return -1;
+// The child's exit code after at most `seconds`; -2 if it was still running (then killed).
+int wait_for(ChildProcess& child, int seconds) {
+  return child.wait_or_kill(std::chrono::seconds(seconds));
 }
 
 std::string slurp(const fs::path& p) {
@@ -119,9 +96,9 @@ TEST_CASE("cli: a DDPM federation of an aggregator and two clients over TLS", "[
         << "\nserver_name = \"localhost\"\npartition_index = " << k
         << "\nbackoff_max_ms = 300\nstate_path = \"none\"\n";
   }
-  const pid_t agg = spawn("aggregator --config " + (d / "agg.toml").string(), d / "agg.log");
-  const pid_t c0 = spawn("client --config " + (d / "client-0.toml").string(), d / "client-0.log");
-  const pid_t c1 = spawn("client --config " + (d / "client-1.toml").string(), d / "client-1.log");
+  ChildProcess agg = spawn("aggregator --config " + (d / "agg.toml").string(), d / "agg.log");
+  ChildProcess c0 = spawn("client --config " + (d / "client-0.toml").string(), d / "client-0.log");
+  ChildProcess c1 = spawn("client --config " + (d / "client-1.toml").string(), d / "client-1.log");
   INFO(slurp(d / "agg.log"));
   CHECK(wait_for(c0, 60) == 0);
   CHECK(wait_for(c1, 60) == 0);

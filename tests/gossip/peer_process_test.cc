@@ -1,10 +1,7 @@
 // Real `starling peer` processes over mutual TLS on loopback, with certificates made by
 // `starling certs` in the test: eight peers average to the exact mean; a peer killed with
 // SIGKILL is dropped, and restarted, it rejoins and catches up.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -17,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-extern char** environ;
+#include "tests/testing/child_process.h"
 
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
@@ -27,43 +24,22 @@ namespace {
 
 const std::string kBinary = std::string(STARLING_BINARY_DIR) + "/apps/starling";
 
-// Starts `starling ARGS...` with output to `log`; returns its pid.
-pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
+using starling::testing::ChildProcess;
+
+// Starts `starling ARGS...` with output to `log`; killed and reaped with its owner.
+ChildProcess spawn(const std::vector<std::string>& args, const fs::path& log) {
   std::vector<std::string> all = {kBinary, "--log-level", "info"};
   all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, kBinary.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  REQUIRE(rc == 0);
-  return pid;
+  return ChildProcess::spawn(all, log);
 }
 
-// Waits for `pid` up to `deadline`; the exit code, or -1 on a signal, or -2 on timeout (the
+// Waits for `child` up to `deadline`; the exit code, or -1 on a signal, or -2 on timeout (the
 // process is then killed).
-int wait_for(pid_t pid, milliseconds deadline) {
-  const auto end = Clock::now() + deadline;
-  for (;;) {
-    int status = 0;
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    if (Clock::now() > end) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -2;
-    }
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-}
+int wait_for(ChildProcess& child, milliseconds deadline) { return child.wait_or_kill(deadline); }
 
 int run(const std::vector<std::string>& args, const fs::path& log) {
-  return wait_for(spawn(args, log), milliseconds(20000));
+  ChildProcess child = spawn(args, log);
+  return wait_for(child, milliseconds(20000));
 }
 
 std::string slurp(const fs::path& p) {
@@ -140,9 +116,9 @@ struct Federation {
   }
 
   // Starts peer 0, reads its port, writes the configs with it as the seed.
-  pid_t start_seed(const std::string& extra_peer, uint32_t rounds) {
+  ChildProcess start_seed(const std::string& extra_peer, uint32_t rounds) {
     write_configs(extra_peer, rounds, 0);
-    const pid_t pid = spawn({"peer", "-c", config(0).string()}, log(0));
+    ChildProcess seed = spawn({"peer", "-c", config(0).string()}, log(0));
     REQUIRE(wait_until(milliseconds(10000), [&] { return fs::exists(dir / "port"); }));
     int port = 0;
     REQUIRE(wait_until(milliseconds(2000), [&] {
@@ -150,7 +126,7 @@ struct Federation {
       return port > 0;
     }));
     write_configs(extra_peer, rounds, port);
-    return pid;
+    return seed;
   }
 };
 
@@ -159,7 +135,8 @@ struct Federation {
 TEST_CASE("peer processes: eight `starling peer` processes over mutual TLS reach the mean",
           "[gossip][net]") {
   Federation fed("eight", 8);
-  std::vector<pid_t> pids = {fed.start_seed("", 15)};
+  std::vector<ChildProcess> pids;
+  pids.push_back(fed.start_seed("", 15));
   for (int i = 1; i < 8; ++i) {
     pids.push_back(spawn({"peer", "-c", fed.config(i).string()}, fed.log(i)));
   }
@@ -188,12 +165,13 @@ TEST_CASE("peer processes: eight `starling peer` processes over mutual TLS reach
 TEST_CASE("peer processes: a killed peer is dropped, and restarted it rejoins and catches up",
           "[gossip][net]") {
   Federation fed("kill", 5);
-  std::vector<pid_t> pids = {fed.start_seed("round_interval_ms = 60\n", 50)};
+  std::vector<ChildProcess> pids;
+  pids.push_back(fed.start_seed("round_interval_ms = 60\n", 50));
   for (int i = 1; i < 5; ++i) {
     pids.push_back(spawn({"peer", "-c", fed.config(i).string()}, fed.log(i)));
   }
   REQUIRE(wait_until(milliseconds(20000), [&] { return metrics(fed.jsonl(2)).size() >= 5; }));
-  kill(pids[2], SIGKILL);
+  pids[2].signal(SIGKILL);
   REQUIRE(wait_for(pids[2], milliseconds(5000)) == -1);
   // The others notice (heartbeats stop), drop it and keep going on four.
   REQUIRE(wait_until(milliseconds(20000), [&] {

@@ -1,3 +1,31 @@
-// The one translation unit that holds Catch2's main().
-#define CATCH_CONFIG_MAIN
+// The one translation unit that holds Catch2's main(). Each test process works in a temporary
+// folder of its own: TMPDIR points at a fresh $TMPDIR/starling_test.XXXXXX for the whole run
+// (std::filesystem::temp_directory_path() and the children it starts follow it), removed when
+// the run ends, passed or failed, so no test leaves a folder behind.
+#define CATCH_CONFIG_RUNNER
+#include <stdlib.h>
+
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <system_error>
+#include <vector>
+
+int main(int argc, char* argv[]) {
+  std::error_code ec;
+  const std::filesystem::path base = std::filesystem::temp_directory_path(ec);
+  std::string templ =
+      ((ec ? std::filesystem::path("/tmp") : base) / "starling_test.XXXXXX").string();
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) {
+    std::perror("catch_main: mkdtemp");
+    return 2;
+  }
+  const std::filesystem::path own = buf.data();
+  ::setenv("TMPDIR", own.c_str(), 1);
+  const int rc = Catch::Session().run(argc, argv);
+  std::filesystem::remove_all(own, ec);
+  return rc;
+}

@@ -1,7 +1,5 @@
 // The server as an outside TLS client sees it: `openssl s_client` negotiates TLS 1.3 and is
 // asked for a client certificate from the federation's CA; without one it gets no service.
-#include <sys/wait.h>
-
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -9,24 +7,11 @@
 #include <future>
 #include <string>
 
+#include "tests/testing/child_process.h"
 #include "tests/testing/loopback.h"
 #include "tests/testing/tls_fixtures.h"
 
 namespace starling::net {
-namespace {
-
-std::string run_command(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("openssl s_client sees TLS 1.3 and a client-certificate request", "[net]") {
   if (std::system("command -v openssl > /dev/null 2>&1") != 0) {
@@ -47,7 +32,10 @@ TEST_CASE("openssl s_client sees TLS 1.3 and a client-certificate request", "[ne
   const std::string cmd =
       "echo | timeout 10 openssl s_client -connect 127.0.0.1:" + std::to_string(srv.port()) +
       " -servername localhost -CAfile " + (dir / "ca.pem").string() + " -verify_return_error 2>&1";
-  auto fut = std::async(std::launch::async, [cmd] { return run_command(cmd); });
+  // The shell and the pipeline are one process group, killed with the test if it fails.
+  auto fut = std::async(std::launch::async, [cmd] {
+    return testing::run_command({"/bin/sh", "-c", cmd}).out;
+  });
   REQUIRE(testing::run_until(io, std::chrono::milliseconds(15000), [&] {
     return fut.wait_for(std::chrono::milliseconds(0)) == std::future_status::ready;
   }));
