@@ -50,6 +50,16 @@ v1::Envelope error_envelope(v1::ErrorCode code, std::string message, bool retrya
 
 }  // namespace
 
+std::string AccessPolicy::refusal(const std::string& node_id, const std::string& serial) const {
+  if (revoked.count(serial)) return "certificate " + serial + " of " + node_id + " is revoked";
+  if (restricted && !allowed.count(node_id)) return node_id + " is not on the allow-list";
+  return "";
+}
+
+float fedbuff_staleness_weight(uint64_t staleness) {
+  return static_cast<float>(1.0 / std::sqrt(1.0 + static_cast<double>(staleness)));
+}
+
 struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   struct Session {
     uint64_t id = 0;
@@ -64,7 +74,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     std::unique_ptr<SpillFile> spill;
     v1::UpdateUpload upload;
     uint64_t base_version = 0;  // of the model it was sent
-    float weight = 0.0f;        // of its upload: examples, times the staleness factor (FedBuff)
+    float weight = 0.0f;        // of its upload: examples; 1 under DP; FedBuff: 1/sqrt(1 + s)
+    uint64_t staleness = 0;     // FedBuff: versions since its model was sent
     std::shared_ptr<edge_client::ChunkPump> pump;
     bool upload_granted = false;  // holds one of the upload turns
     // While granted: when the last chunk (or the grant) came, and the timer that takes the turn
@@ -96,6 +107,11 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   std::vector<float> delta;
   RoundHook hook;
   std::optional<RdpAccountant> accountant;  // central DP only
+  // Central DP: this round's randomness (Poisson sampling, then the noise), its sampling rate
+  // and fixed denominator.
+  std::optional<NoiseSource> dp_source;
+  double dp_q = 0.0;
+  double dp_expected = 0.0;
   std::unique_ptr<net::Server> server;
   asio::steady_timer deadline_timer;
 
@@ -123,6 +139,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   int registered_at_start = 0;
   double loss_sum = 0.0;
   uint64_t bytes_in = 0;
+  double staleness_sum = 0.0;  // FedBuff, this round
+  uint64_t staleness_max = 0;
   Clock::time_point started;
   // The model payload of the current version, shared by every dispatch.
   std::shared_ptr<const std::string> model_bytes;
@@ -243,6 +261,12 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     if (hello.role() != v1::ROLE_CLIENT) {
       return reject_peer(s, v1::ERROR_CODE_PERMISSION_DENIED,
                          permission_denied("only clients may join a federation"));
+    }
+    const std::string refused =
+        options.access.refusal(s.conn->peer().node_id, s.conn->peer().serial);
+    if (!refused.empty()) {
+      if (options.monitor) options.monitor->identity_refused(s.conn->peer().node_id, refused);
+      return reject_peer(s, v1::ERROR_CODE_PERMISSION_DENIED, permission_denied(refused));
     }
     // A reconnecting client replaces its old connection.
     for (auto& [other_id, other] : sessions) {
@@ -370,14 +394,35 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     size_t want = std::max<size_t>(options.clients_per_round,
                                    ceil_count(options.fraction * static_cast<double>(available)));
     want = std::clamp<size_t>(want, 1, available);
-    const size_t pick =
+    size_t pick =
         std::min(available, ceil_count(static_cast<double>(want) * (1.0 + options.over_selection)));
-    Rng rng = Rng(options.seed).fork(((round + 1) << 16) + attempt);
-    for (size_t i = 0; i < pick; ++i) {
-      const size_t j = i + static_cast<size_t>(rng.below(available - i));
-      std::swap(idle[i], idle[j]);
+    if (accountant) {
+      // Poisson sampling with the accountant's q over the clients that could be sampled, from
+      // the DRBG (a seeded stream only in simulations that ask for it).
+      dp_source =
+          options.dp.simulation_seed
+              ? NoiseSource::seeded(
+                    Rng(options.dp.simulation_seed).fork(((round + 1) << 16) + attempt).next_u64())
+              : NoiseSource::secure();
+      dp_q = std::min(1.0, static_cast<double>(want) / static_cast<double>(available));
+      dp_expected = dp_q * static_cast<double>(available);
+      auto drawn = poisson_sample(available, dp_q, *dp_source);
+      if (!drawn.ok()) {
+        error = drawn.status().with_context("DP sampling of round " + std::to_string(round + 1));
+        spdlog::error("aggregator: {}", error.to_string());
+        return finish();
+      }
+      for (size_t i = 0; i < drawn->size(); ++i) std::swap(idle[i], idle[(*drawn)[i]]);
+      pick = drawn->size();
+    } else {
+      Rng rng = Rng(options.seed).fork(((round + 1) << 16) + attempt);
+      for (size_t i = 0; i < pick; ++i) {
+        const size_t j = i + static_cast<size_t>(rng.below(available - i));
+        std::swap(idle[i], idle[j]);
+      }
     }
-    target = static_cast<int>(want);
+    // Under DP the round waits for every client drawn (their number is random).
+    target = static_cast<int>(accountant ? pick : want);
     selected = static_cast<int>(pick);
     registered_at_start = static_cast<int>(registered_count());
     rejected = 0;
@@ -390,8 +435,18 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
 
     for (size_t i = 0; i < pick; ++i) dispatch(*idle[i]);
     if (options.monitor) options.monitor->round_started(round + 1, static_cast<int>(pick));
-    spdlog::info("aggregator: round {} started: {} selected for {} updates ({} available)",
-                 round + 1, pick, want, available);
+    if (accountant) {
+      spdlog::info(
+          "aggregator: round {} started: {} drawn by Poisson sampling at q = {:.4g} ({} "
+          "available, {:.4g} expected)",
+          round + 1, pick, dp_q, available, dp_expected);
+      if (pick == 0) {  // nobody drawn: the round releases noise alone, and is accounted
+        return close_round();
+      }
+    } else {
+      spdlog::info("aggregator: round {} started: {} selected for {} updates ({} available)",
+                   round + 1, pick, want, available);
+    }
     deadline_timer.expires_after(options.round_deadline);
     deadline_timer.async_wait(
         [weak = weak_from_this(), r = round, a = attempt](const asio::error_code& ec) {
@@ -508,13 +563,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     // DP-FedAvg bounds each client's influence: every clipped update counts once.
     s.weight = options.dp.enabled() ? 1.0f : static_cast<float>(u.num_samples());
     if (async()) {
-      const uint64_t staleness = version - s.base_version;
-      if (staleness > options.max_staleness) {
-        return reject_update(
-            s, invalid_argument("update " + std::to_string(staleness) + " versions stale (max " +
-                                std::to_string(options.max_staleness) + ")"));
-      }
-      s.weight /= std::sqrt(1.0f + static_cast<float>(staleness));
+      // Refused early when already too stale; the weight is set when it is folded.
+      if (const Status st = check_staleness(s); !st.ok()) return reject_update(s, st);
     }
     if (u.num_samples() == 0 || u.num_samples() > (1ull << 24)) {
       return reject_update(s, invalid_argument("num_samples " + std::to_string(u.num_samples()) +
@@ -543,6 +593,13 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     s.upload = u;
     if (u.transfer().num_chunks() == 0) return finish_upload(s);
     request_upload_turn(s);
+  }
+
+  Status check_staleness(const Session& s) const {
+    const uint64_t staleness = version - s.base_version;
+    if (staleness <= options.max_staleness) return ok_status();
+    return invalid_argument("update " + std::to_string(staleness) + " versions stale (max " +
+                            std::to_string(options.max_staleness) + ")");
   }
 
   void on_chunk(Session& s, const v1::Chunk& c) {
@@ -577,10 +634,22 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       payload = s.rx->take_payload();
     }
     reset_upload(s);
+    if (async()) {
+      // FedBuff's staleness is counted when the update is applied: server steps taken since
+      // its model was sent, including those taken while it was uploading.
+      st = check_staleness(s);
+      if (!st.ok()) return reject_update(s, st);
+      s.staleness = version - s.base_version;
+      s.weight = fedbuff_staleness_weight(s.staleness);
+    }
     st = accumulator.fold_bytes(payload, s.weight);
     if (!st.ok()) return reject_update(s, st);
     s.submitted = true;
-    if (async()) s.selected = false;
+    if (async()) {
+      s.selected = false;
+      staleness_sum += static_cast<double>(s.staleness);
+      staleness_max = std::max(staleness_max, s.staleness);
+    }
     bytes_in += payload.size();
     if (options.monitor) options.monitor->update_folded();
     loss_sum += static_cast<double>(s.upload.train_loss()) * static_cast<double>(s.weight);
@@ -603,7 +672,9 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   }
 
   void end_partial_round() {
-    if (accumulator.count() >= static_cast<int>(std::max<uint32_t>(options.min_updates, 1))) {
+    // A DP round is one Poisson sample: it closes with what came, however few (see dp.h).
+    if (accountant ||
+        accumulator.count() >= static_cast<int>(std::max<uint32_t>(options.min_updates, 1))) {
       return close_round();
     }
     spdlog::warn("aggregator: round {} failed ({} updates, {} needed); retrying", round + 1,
@@ -632,7 +703,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     report.rejected = rejected;
     report.clipped = accumulator.clipped();
     report.total_weight = accumulator.total_weight();
-    report.mean_train_loss = loss_sum / accumulator.total_weight();
+    report.mean_train_loss = accumulator.count() > 0 ? loss_sum / accumulator.total_weight() : 0.0;
     report.update_bytes = bytes_in;
     report.seconds = std::chrono::duration<double>(Clock::now() - started).count();
     report.registered = registered_at_start;
@@ -640,19 +711,31 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
 
     if (accountant) {
       // Fixed denominator: the expected number of updates, so that one client's influence on
-      // the mean is at most clip_norm / target whatever the others sent.
-      const double expected = std::max(1, target);
+      // the mean is at most clip_norm / expected whatever the others sent.
+      const double expected = std::max(dp_expected, 1e-12);
       const auto sum = accumulator.sum();
       for (size_t i = 0; i < delta.size(); ++i) {
         delta[i] = static_cast<float>(sum[i] / expected);
       }
       const double noise_std = options.dp.noise_multiplier * options.dp.clip_norm / expected;
-      Rng noise = Rng(options.dp.seed).fork(round + 1);
-      add_gaussian_noise(delta, noise_std, noise);
-      const double q = std::min(1.0, expected / std::max(1, registered_at_start));
-      accountant->compose(q, options.dp.noise_multiplier);
+      const Status noised = dp_source->add_gaussian(delta, noise_std);
+      if (!noised.ok()) {
+        error = noised.with_context("DP noise of round " + std::to_string(round + 1));
+        spdlog::error("aggregator: {}", error.to_string());
+        return finish();
+      }
+      accountant->compose(dp_q, options.dp.noise_multiplier);
       report.dp_noise_std = noise_std;
+      report.dp_sampling_rate = dp_q;
+      report.dp_expected_updates = dp_expected;
       report.dp_epsilon = accountant->spent(options.dp.delta).epsilon;
+    } else if (async() && options.rule.rule == RobustRule::kMean) {
+      // FedBuff: the staleness-weighted sum over K, the updates in the buffer.
+      const auto sum = accumulator.sum();
+      const double k = accumulator.count();
+      for (size_t i = 0; i < delta.size(); ++i) delta[i] = static_cast<float>(sum[i] / k);
+      report.mean_staleness = staleness_sum / k;
+      report.max_staleness = staleness_max;
     } else {
       accumulator.mean_into(delta);
       report.excluded = accumulator.excluded();
@@ -680,8 +763,12 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
                  report.round, report.updates, report.rejected, report.total_weight,
                  report.mean_train_loss);
     if (accountant) {
-      spdlog::info("aggregator: round {}: DP noise std {:.3g}, epsilon {:.4f} at delta {:g}",
-                   report.round, report.dp_noise_std, report.dp_epsilon, options.dp.delta);
+      spdlog::info(
+          "aggregator: round {}: DP: {} of {} updates clipped to L2 norm {:g}, noise std {:.3g} "
+          "(multiplier {:g}, {:.4g} expected updates), q {:.4g}, epsilon {:.4f} at delta {:g}",
+          report.round, report.clipped, report.updates, options.dp.clip_norm, report.dp_noise_std,
+          options.dp.noise_multiplier, report.dp_expected_updates, report.dp_sampling_rate,
+          report.dp_epsilon, options.dp.delta);
     }
     if (options.monitor) options.monitor->round_closed(report);
     if (async()) {  // the buffer restarts; clients in flight keep training
@@ -690,6 +777,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       rejected = 0;
       loss_sum = 0.0;
       bytes_in = 0;
+      staleness_sum = 0.0;
+      staleness_max = 0;
       most_streaming = uploads_streaming;
       started = Clock::now();
     }
@@ -697,6 +786,26 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     if (hook) go_on = hook(report, global);
     if (!go_on || round >= options.num_rounds) return finish();
     post_start();
+  }
+
+  void set_access(AccessPolicy policy) {
+    options.access = std::move(policy);
+    std::vector<uint64_t> closing;
+    for (auto& [id, s] : sessions) {
+      if (!s.registered) continue;
+      const std::string refused =
+          options.access.refusal(s.conn->peer().node_id, s.conn->peer().serial);
+      if (refused.empty()) continue;
+      spdlog::warn("aggregator: closing the session of {}: {}", s.conn->peer().describe(), refused);
+      if (options.monitor) options.monitor->identity_refused(s.node_id, refused);
+      closing.push_back(id);
+    }
+    // Closed at once (a reconnect meets the same check, or the CRL at the handshake); on_close
+    // forgets the session and ends the round early if it was the last one outstanding.
+    for (uint64_t id : closing) {
+      const auto it = sessions.find(id);
+      if (it != sessions.end()) it->second.conn->abort(permission_denied("access revoked"));
+    }
   }
 
   void finish_session(Session& s) {
@@ -732,6 +841,12 @@ Result<std::unique_ptr<Aggregator>> Aggregator::create(asio::io_context& io,
     if (!(options.dp.noise_multiplier >= 0) || !(options.dp.delta > 0 && options.dp.delta < 1)) {
       return invalid_argument("aggregator: DP noise_multiplier must be >= 0, delta in (0, 1)");
     }
+    if (options.dp.simulation_seed != 0 && !options.simulation) {
+      return invalid_argument(
+          "aggregator: dp.simulation_seed makes the DP noise reproducible by anyone who has the "
+          "config; it is refused outside a simulation (`starling aggregator --simulate`, "
+          "`starling simulate`). Remove it: real runs draw the noise from OpenSSL's DRBG");
+    }
     options.rule.clip_norm = options.dp.clip_norm;
   }
   if (numel != static_cast<int64_t>(initial.size())) {
@@ -749,7 +864,13 @@ Result<std::unique_ptr<Aggregator>> Aggregator::create(asio::io_context& io,
           [weak](std::shared_ptr<net::Connection> c) {
             if (auto self = weak.lock()) self->accept(std::move(c));
           },
-          [](const Status& st) { spdlog::warn("aggregator: refused: {}", st.to_string()); }),
+          [weak](const Status& st) {
+            spdlog::warn("aggregator: refused: {}", st.to_string());
+            auto self = weak.lock();
+            if (self && self->options.monitor && st.code() == StatusCode::kUnauthenticated) {
+              self->options.monitor->handshake_refused(st.message());
+            }
+          }),
       "aggregator");
   return std::unique_ptr<Aggregator>(new Aggregator(std::move(impl)));
 }
@@ -769,6 +890,7 @@ bool Aggregator::done() const { return impl_->done; }
 const Status& Aggregator::error() const { return impl_->error; }
 std::span<const float> Aggregator::global() const { return impl_->global; }
 size_t Aggregator::registered_clients() const { return impl_->registered_count(); }
+void Aggregator::set_access(AccessPolicy policy) { impl_->set_access(std::move(policy)); }
 int Aggregator::round_updates() const {
   return impl_->round_active ? impl_->accumulator.count() : 0;
 }

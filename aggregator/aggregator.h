@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,6 +25,18 @@
 namespace starling::aggregator {
 
 class Monitor;
+
+// Who may join, besides holding a client certificate of the federation CA: the names on the
+// allow-list (when restricted), with a certificate serial the CRL does not list. The TLS layer
+// refuses revoked certificates at the handshake (the CRL is in its trust store); the aggregator
+// checks again at registration and closes open sessions when the policy changes.
+struct AccessPolicy {
+  bool restricted = false;        // false: every client certificate of the CA
+  std::set<std::string> allowed;  // certificate CNs, when restricted
+  std::set<std::string> revoked;  // certificate serials, upper-case hex
+  // Empty when `node_id` (with certificate `serial`) may join, else why not.
+  std::string refusal(const std::string& node_id, const std::string& serial) const;
+};
 
 struct AggregatorOptions {
   net::ServerOptions server;
@@ -40,10 +53,18 @@ struct AggregatorOptions {
   uint64_t seed = 1;  // selection and the per-client seeds of round plans
   StrategyOptions strategy;
   AggregationRule rule;  // mean (streaming), median, trimmed mean, Krum; norm clipping
-  // Central DP (see dp.h) when dp.enabled(): updates are clipped to dp.clip_norm (replacing
-  // rule.clip_norm) and weighted 1, the mean has a fixed denominator (the round's target) and
-  // Gaussian noise. REQUIRES: rule.rule == kMean and buffer_size == 0 (create() checks).
+  // Central DP (see dp.h) when dp.enabled(): each available client is selected independently
+  // with probability q = target / available (Poisson sampling; over_selection does not apply),
+  // updates are clipped to dp.clip_norm (replacing rule.clip_norm) and weighted 1, and the mean
+  // has a fixed denominator (q * available, the expected updates) and Gaussian noise. A DP
+  // round waits for every selected client until the deadline and then closes with what came
+  // (min_updates does not apply: retrying until enough arrive would change the sampling the
+  // accountant assumes). REQUIRES: rule.rule == kMean and buffer_size == 0 (create() checks).
   DpOptions dp;
+  AccessPolicy access;  // replaced while running by Aggregator::set_access
+  // True in simulations (`starling aggregator --simulate`, `starling simulate`): only then may
+  // dp.simulation_seed make the DP randomness reproducible.
+  bool simulation = false;
   // Prometheus metrics and status page (monitor.h); null: none. Must run on the same io_context.
   std::shared_ptr<Monitor> monitor;
   // What the round plan asks of clients.
@@ -51,11 +72,13 @@ struct AggregatorOptions {
   uint32_t batch_size = 10;
   float learning_rate = 0.1f;
   std::string codec = "identity";
-  // FedBuff (Nguyen et al. 2022) when > 0: no synchronous rounds; max(clients_per_round,
-  // ceil(fraction * registered)) clients train at all times, each update is folded with weight
-  // num_samples / sqrt(1 + staleness) (staleness: versions since its model was sent), and every
-  // buffer_size updates make one server step (a "round" in reports, checkpoints and num_rounds).
-  // Updates more than max_staleness versions old are rejected.
+  // FedBuff (Nguyen et al. 2022, Algorithm 1) when > 0: no synchronous rounds;
+  // max(clients_per_round, ceil(fraction * registered)) clients train at all times, each update
+  // is folded with weight 1 / sqrt(1 + staleness) (staleness: versions since its model was
+  // sent), and every buffer_size = K updates make one server step with the staleness-weighted
+  // sum over K (not over the weights: a buffer of stale updates moves the model less), through
+  // the strategy (server_lr). A "round" in reports, checkpoints and num_rounds. Updates more
+  // than max_staleness versions old are rejected.
   uint32_t buffer_size = 0;
   uint32_t max_staleness = 10;
   // Checkpoints after every round; empty: none (tests that do not test resumption).
@@ -84,6 +107,9 @@ struct AggregatorOptions {
   std::chrono::milliseconds upload_stall_timeout{30'000};
 };
 
+// FedBuff's staleness discount s(tau) = 1 / sqrt(1 + tau) (Nguyen et al. 2022, Section 5).
+float fedbuff_staleness_weight(uint64_t staleness);
+
 // What happened in one completed round.
 struct RoundReport {
   uint64_t round = 0;  // 1-based
@@ -99,6 +125,10 @@ struct RoundReport {
   int registered = 0;              // clients registered when the round started
   double dp_epsilon = 0.0;         // privacy spent so far at dp.delta (0 without DP)
   double dp_noise_std = 0.0;       // per coordinate, this round
+  double dp_sampling_rate = 0.0;   // q of this round's Poisson sampling
+  double dp_expected_updates = 0;  // the fixed denominator, q * available
+  double mean_staleness = 0.0;     // FedBuff: of the updates folded this round
+  uint64_t max_staleness = 0;      // FedBuff
   int most_uploads_streaming = 0;  // uploads granted a turn at the same time, at most
 };
 
@@ -126,6 +156,10 @@ class Aggregator {
   const Status& error() const;
   std::span<const float> global() const;
   size_t registered_clients() const;
+  // Applies a new access policy at once: later registrations are checked against it, and the
+  // open sessions of clients it refuses (off the allow-list, or revoked) are closed, each named
+  // in the log and counted on the monitor.
+  void set_access(AccessPolicy policy);
   // Updates folded so far in the round in progress (0 between rounds).
   int round_updates() const;
 

@@ -1,6 +1,9 @@
 // The RDP accountant of the subsampled Gaussian mechanism, and the DP noise.
 #include "aggregator/dp.h"
 
+#include <openssl/err.h>
+#include <openssl/rand.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -138,8 +141,57 @@ Status RdpAccountant::restore(std::vector<double> rdp) {
   return ok_status();
 }
 
-void add_gaussian_noise(std::span<float> v, double stddev, Rng& rng) {
-  for (float& x : v) x = static_cast<float>(x + stddev * rng.normal());
+NoiseSource NoiseSource::secure() { return NoiseSource(); }
+
+Status NoiseSource::refill() {
+  pool_.resize(4096);  // 32 KiB a call
+  if (RAND_priv_bytes(reinterpret_cast<unsigned char*>(pool_.data()),
+                      static_cast<int>(pool_.size() * sizeof(uint64_t))) != 1) {
+    const unsigned long e = ERR_get_error();
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof buf);
+    pool_.clear();
+    next_ = 0;
+    return internal_error(std::string("DP noise: OpenSSL's DRBG failed: ") + buf);
+  }
+  next_ = 0;
+  return ok_status();
+}
+
+Result<uint64_t> NoiseSource::next_u64() {
+  if (seeded_) return rng_.next_u64();
+  if (next_ >= pool_.size()) RETURN_IF_ERROR(refill());
+  return pool_[next_++];
+}
+
+Result<double> NoiseSource::uniform() {
+  ASSIGN_OR_RETURN(const uint64_t x, next_u64());
+  return static_cast<double>(x >> 11) * 0x1.0p-53;
+}
+
+Status NoiseSource::add_gaussian(std::span<float> v, double stddev) {
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  for (size_t i = 0; i < v.size(); i += 2) {
+    double u1 = 0.0;
+    do {
+      ASSIGN_OR_RETURN(u1, uniform());
+    } while (u1 <= 0.0);
+    ASSIGN_OR_RETURN(const double u2, uniform());
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    v[i] = static_cast<float>(v[i] + stddev * r * std::cos(kTwoPi * u2));
+    if (i + 1 < v.size())
+      v[i + 1] = static_cast<float>(v[i + 1] + stddev * r * std::sin(kTwoPi * u2));
+  }
+  return ok_status();
+}
+
+Result<std::vector<size_t>> poisson_sample(size_t available, double q, NoiseSource& source) {
+  std::vector<size_t> picked;
+  for (size_t i = 0; i < available; ++i) {
+    ASSIGN_OR_RETURN(const double u, source.uniform());
+    if (u < q) picked.push_back(i);
+  }
+  return picked;
 }
 
 std::string rdp_to_text(std::span<const double> rdp) {

@@ -12,16 +12,52 @@
 
 namespace starling::aggregator {
 
-// DP-FedAvg with a fixed denominator: each update is clipped to L2 norm clip_norm and folded
-// with weight 1; the round's delta is sum / expected_updates + N(0, sigma^2) per coordinate,
+// DP-FedAvg with a fixed denominator: each round samples every available client
+// independently with probability q (Poisson sampling, the accountant's model), each update is
+// clipped to L2 norm clip_norm and folded with weight 1, and the round's delta is
+// sum / expected_updates + N(0, sigma^2) per coordinate, expected_updates = q * available,
 // sigma = noise_multiplier * clip_norm / expected_updates. Disabled when clip_norm == 0.
 struct DpOptions {
   double clip_norm = 0.0;
   double noise_multiplier = 0.0;
   double delta = 1e-5;  // epsilon is reported at this delta
-  uint64_t seed = 1;    // noise stream; round r uses Rng(seed).fork(r)
+  // 0 (every real run): the sampling and the noise come from OpenSSL's DRBG, so nobody, with
+  // or without the config, can recompute them. Else a simulation's reproducible stream (round r
+  // uses Rng(simulation_seed).fork(r)): the aggregator refuses it outside a simulation.
+  uint64_t simulation_seed = 0;
   bool enabled() const { return clip_norm > 0; }
 };
+
+// Where DP-FedAvg's randomness comes from: OpenSSL's DRBG (RAND_priv_bytes, reseeded from the
+// operating system) unless the simulation asked for a seeded stream. Gaussians by Box-Muller
+// on 53-bit uniforms.
+class NoiseSource {
+ public:
+  static NoiseSource secure();
+  static NoiseSource seeded(uint64_t seed) { return NoiseSource(seed); }
+  bool reproducible() const { return seeded_; }
+
+  // Uniform in [0, 1) with 53 random bits. Internal error when the DRBG fails (it then
+  // refuses to produce bytes rather than produce predictable ones).
+  Result<double> uniform();
+  // v[i] += stddev * (a standard normal), in index order.
+  Status add_gaussian(std::span<float> v, double stddev);
+
+ private:
+  NoiseSource() : rng_(0) {}
+  explicit NoiseSource(uint64_t seed) : seeded_(true), rng_(seed) {}
+  Status refill();
+  Result<uint64_t> next_u64();
+
+  bool seeded_ = false;
+  Rng rng_;
+  std::vector<uint64_t> pool_;  // DRBG output not used yet (secure only)
+  size_t next_ = 0;
+};
+
+// Draws the clients of one DP round: each of `available` clients independently with
+// probability q (Poisson sampling). The indices drawn, ascending.
+Result<std::vector<size_t>> poisson_sample(size_t available, double q, NoiseSource& source);
 
 // The RDP orders tracked: 1.1, 1.2, ..., 10.9, 12, 13, ..., 63, 128, 256, 512 (those of
 // TensorFlow Privacy / dp_accounting).
@@ -63,9 +99,6 @@ class RdpAccountant {
   std::vector<double> orders_;
   std::vector<double> rdp_;
 };
-
-// v[i] += stddev * (a standard normal from rng), in index order.
-void add_gaussian_noise(std::span<float> v, double stddev, Rng& rng);
 
 // The accumulated RDP as text ("%a" hex floats, comma-separated, "inf" allowed) for the
 // checkpoint's metadata, and back. DataLoss for text that is not such a list.

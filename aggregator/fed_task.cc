@@ -254,7 +254,7 @@ AggregatorOptions aggregator_options(const v1::FederationConfig& c) {
   o.dp.clip_norm = c.dp().clip_norm();
   o.dp.noise_multiplier = c.dp().noise_multiplier();
   o.dp.delta = c.dp().delta();
-  o.dp.seed = c.dp().seed();
+  o.dp.simulation_seed = c.dp().simulation_seed();
   o.rule.trim_fraction = c.robust().trim_fraction();
   o.rule.clip_norm = c.robust().clip_norm();
   return o;

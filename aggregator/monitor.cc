@@ -172,6 +172,11 @@ struct Monitor::Impl {
     eval_accuracy = &gauge("starling_eval_accuracy",
                            "Test accuracy of the global model at the last evaluation");
     dp_epsilon = &gauge("starling_dp_epsilon", "Differential privacy budget spent (epsilon)");
+    identities_refused =
+        &counter("starling_identities_refused_total",
+                 "Clients refused by the access policy (allow-list, revoked certificate)");
+    handshakes_refused = &counter("starling_handshakes_refused_total",
+                                  "TLS handshakes refused (bad, unknown or revoked certificates)");
     round_hist = &prometheus::BuildHistogram()
                       .Name("starling_round_duration_seconds")
                       .Help("Round durations")
@@ -196,7 +201,15 @@ struct Monitor::Impl {
   prometheus::Gauge* eval_loss;
   prometheus::Gauge* eval_accuracy;
   prometheus::Gauge* dp_epsilon;
+  prometheus::Counter* identities_refused;
+  prometheus::Counter* handshakes_refused;
   prometheus::Histogram* round_hist;
+  // The latest refusals, newest last: "who: why".
+  std::deque<std::string> refused;
+  void remember_refusal(std::string text) {
+    refused.push_back(std::move(text));
+    while (refused.size() > 20) refused.pop_front();
+  }
 
   std::deque<RoundPoint> history;
   uint64_t current_round = 0;
@@ -355,6 +368,14 @@ void Monitor::bytes_received(uint64_t bytes) {
 
 void Monitor::update_folded() { impl_->updates_folded->Increment(); }
 void Monitor::update_rejected() { impl_->updates_rejected->Increment(); }
+void Monitor::identity_refused(const std::string& who, const std::string& why) {
+  impl_->identities_refused->Increment();
+  impl_->remember_refusal(who + ": " + why);
+}
+void Monitor::handshake_refused(const std::string& error) {
+  impl_->handshakes_refused->Increment();
+  impl_->remember_refusal(error);
+}
 
 void Monitor::round_closed(const RoundReport& r) {
   impl_->rounds_completed->Increment();
@@ -406,6 +427,7 @@ std::string Monitor::status_json() const {
                         {"clients_registered", impl_->registered},
                         {"clients_selected", impl_->selected},
                         {"bytes_received", impl_->total_bytes},
+                        {"refused", impl_->refused},
                         {"rounds", std::move(rounds)}}
       .dump();
 }
@@ -451,6 +473,9 @@ std::string Monitor::status_html() const {
   row("clients registered", std::to_string(impl_->registered));
   row("clients selected", std::to_string(impl_->selected));
   row("update bytes received", human_bytes(static_cast<double>(impl_->total_bytes)));
+  for (auto it = impl_->refused.rbegin(); it != impl_->refused.rend(); ++it) {
+    row(it == impl_->refused.rbegin() ? "refused (latest first)" : "", *it);
+  }
   if (!h.empty()) {
     std::snprintf(buf, sizeof(buf), "%.4f", h.back().train_loss);
     row("train loss (last round)", buf);

@@ -20,6 +20,8 @@ struct RoundReport;
 // 0.0.4), GET / and /status (HTML), /status.json; anything else is 404 (405 for another
 // method, 400 for a malformed request). Each connection has a 5 s deadline and a 8 KiB limit on
 // the request head, and is closed after one response.
+// Every copy of the shared_ptr (AggregatorOptions::monitor too) must be gone before the
+// io_context is destroyed: the acceptor closes into it.
 class Monitor : public std::enable_shared_from_this<Monitor> {
  public:
   // Listens on host:port (port 0: any free port). `title` heads the status page.
@@ -40,6 +42,10 @@ class Monitor : public std::enable_shared_from_this<Monitor> {
   void update_folded();
   void update_rejected();
   void round_closed(const RoundReport& report);
+  // A client refused by the access policy (allow-list, revocation), or a handshake the TLS
+  // layer refused (`who` is then the error, which names the certificate's CN where known).
+  void identity_refused(const std::string& who, const std::string& why);
+  void handshake_refused(const std::string& error);
   // From whoever evaluates the global model (the `starling aggregator` round hook).
   void evaluated(uint64_t round, double loss, double accuracy);
 

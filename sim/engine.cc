@@ -141,6 +141,13 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
     return invalid_argument(
         "rounds.buffer_size (FedBuff) runs only in simulate.mode = \"LOOPBACK\"");
   }
+  if (opts.dp.enabled()) {
+    // Central DP lives in the aggregator (Poisson sampling, clipping, noise, accountant); the
+    // in-process engine would otherwise drop it without a word.
+    return invalid_argument(
+        "[dp] (central DP) runs only in simulate.mode = \"LOOPBACK\" or `starling aggregator "
+        "--simulate`");
+  }
   ASSIGN_OR_RETURN(const int n_clients, fleet_size(cfg, task));
   const auto t0 = Clock::now();
   const compress::Layout& layout = task.layout();

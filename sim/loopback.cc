@@ -88,6 +88,7 @@ Result<SimResult> run_loopback(const v1::FederationConfig& cfg, SimTask& task,
   ASSIGN_OR_RETURN(Pki pki, make_pki(n), "loopback certificates");
   ASSIGN_OR_RETURN(auto server_ctx, net::make_tls_context(pki.server, net::TlsSide::kServer));
   auto options = aggregator::aggregator_options(cfg);
+  options.simulation = true;
   options.server.host = "127.0.0.1";
   options.server.port = 0;
   options.state_dir = (out_dir / "state").string();

@@ -1,9 +1,12 @@
-// `starling certs`: make the federation CA, issue node certificates, show a certificate.
+// `starling certs`: make the federation CA, issue node certificates, revoke them (the CA's
+// CRL), show a certificate.
 // Private keys are written with mode 0600 and never overwritten.
 #include "core/net/certs.h"
 
 #include <openssl/x509.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -83,10 +86,9 @@ std::vector<std::string> split_sans(const std::string& list) {
   return out;
 }
 
-Status issue(const IssueArgs& a) {
-  ASSIGN_OR_RETURN(net::CertRole role, net::parse_cert_role(a.role));
-  if (role == net::CertRole::kCa) return invalid_argument("use `starling certs init-ca` for a CA");
-  const fs::path ca_dir(a.ca);
+// DIR/ca.crt and DIR/ca.key, checked to belong together.
+Result<net::Credential> load_ca(const std::string& dir) {
+  const fs::path ca_dir(dir);
   ASSIGN_OR_RETURN(std::string ca_cert_pem, net::read_file((ca_dir / "ca.crt").string()));
   ASSIGN_OR_RETURN(std::string ca_key_pem, net::read_file((ca_dir / "ca.key").string()));
   net::Credential ca;
@@ -94,8 +96,16 @@ Status issue(const IssueArgs& a) {
   ASSIGN_OR_RETURN(ca.key, net::key_from_pem(ca_key_pem), "CA key");
   if (X509_check_private_key(ca.cert.get(), ca.key.get()) != 1) {
     net::drain_openssl_errors();
-    return invalid_argument("ca.key in " + a.ca + " does not belong to ca.crt");
+    return invalid_argument("ca.key in " + dir + " does not belong to ca.crt");
   }
+  return ca;
+}
+
+Status issue(const IssueArgs& a) {
+  ASSIGN_OR_RETURN(net::CertRole role, net::parse_cert_role(a.role));
+  if (role == net::CertRole::kCa) return invalid_argument("use `starling certs init-ca` for a CA");
+  ASSIGN_OR_RETURN(net::Credential ca, load_ca(a.ca));
+  ASSIGN_OR_RETURN(std::string ca_cert_pem, net::cert_to_pem(ca.cert.get()));
   net::CertSpec spec;
   spec.common_name = a.name;
   spec.role = role;
@@ -114,6 +124,68 @@ Status issue(const IssueArgs& a) {
   std::error_code ec;
   if (!fs::exists(ca_copy, ec))
     RETURN_IF_ERROR(net::write_file(ca_copy.string(), ca_cert_pem, 0644));
+  return ok_status();
+}
+
+struct RevokeArgs {
+  std::string ca;
+  std::vector<std::string> certs;
+  std::vector<std::string> serials;
+  std::string crl;  // default: CA_DIR/crl.pem
+  int days = 30;
+};
+
+// Adds certificates (by file or serial) to the CA's revocation list, written atomically; the
+// serials it already lists stay. Aggregators and peers with [tls] crl = that file reload it
+// within a second, or at once on SIGHUP.
+Status revoke(const RevokeArgs& a) {
+  // With nothing to add, the list is written again with a fresh validity (a CRL past its
+  // nextUpdate makes every handshake fail), or created empty.
+  ASSIGN_OR_RETURN(net::Credential ca, load_ca(a.ca));
+  const std::string crl_path = a.crl.empty() ? (fs::path(a.ca) / "crl.pem").string() : a.crl;
+  std::vector<std::string> serials;
+  std::error_code ec;
+  if (fs::exists(crl_path, ec)) {
+    ASSIGN_OR_RETURN(std::string pem, net::read_file(crl_path));
+    ASSIGN_OR_RETURN(net::X509CrlPtr old, net::crl_from_pem(pem), crl_path);
+    if (X509_CRL_verify(old.get(), X509_get0_pubkey(ca.cert.get())) != 1) {
+      net::drain_openssl_errors();
+      return invalid_argument(crl_path + " is not signed by the CA in " + a.ca);
+    }
+    serials = net::crl_serials(old.get());
+  }
+  const size_t before = serials.size();
+  auto add = [&](const std::string& serial, const std::string& who) {
+    if (std::find(serials.begin(), serials.end(), serial) != serials.end()) {
+      std::cout << "already revoked: " << serial << who << "\n";
+      return;
+    }
+    serials.push_back(serial);
+    std::cout << "revoked " << serial << who << "\n";
+  };
+  for (const auto& file : a.certs) {
+    ASSIGN_OR_RETURN(std::string pem, net::read_file(file));
+    ASSIGN_OR_RETURN(net::X509Ptr cert, net::cert_from_pem(pem), file);
+    if (X509_verify(cert.get(), X509_get0_pubkey(ca.cert.get())) != 1) {
+      net::drain_openssl_errors();
+      return invalid_argument(file + " was not issued by the CA in " + a.ca);
+    }
+    add(net::cert_serial_hex(cert.get()),
+        " (CN=" + net::cert_identity(cert.get()).common_name + ")");
+  }
+  for (std::string serial : a.serials) {
+    std::transform(serial.begin(), serial.end(), serial.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+    serial.erase(0, std::min(serial.find_first_not_of('0'), serial.size() - 1));
+    add(serial, "");
+  }
+  ASSIGN_OR_RETURN(net::X509CrlPtr crl, net::make_crl_for_serials(ca, serials, a.days));
+  ASSIGN_OR_RETURN(std::string pem, net::crl_to_pem(crl.get()));
+  RETURN_IF_ERROR(net::write_file(crl_path, pem, 0644));
+  std::cout << "wrote " << crl_path << ": " << serials.size() << " revoked certificate(s) ("
+            << serials.size() - before << " new), valid " << a.days << " days\n"
+            << "aggregators and peers with [tls] crl = \"" << crl_path
+            << "\" reload it within a second (or at once: kill -HUP <pid>)\n";
   return ok_status();
 }
 
@@ -166,6 +238,21 @@ void register_certs(CLI::App& app, CommandContext& ctx) {
       ->check(CLI::Range(1, 3650))
       ->capture_default_str();
   iss->callback([issue_args, &ctx] { ctx.exit_code = report(issue(*issue_args), "issue"); });
+
+  auto revoke_args = std::make_shared<RevokeArgs>();
+  CLI::App* rev = certs->add_subcommand(
+      "revoke",
+      "Add certificates to the CA's revocation list (CA_DIR/crl.pem by default); with none, "
+      "create the list or renew its validity");
+  rev->add_option("--ca", revoke_args->ca, "Directory holding ca.crt and ca.key")->required();
+  rev->add_option("--cert", revoke_args->certs, "Certificate file to revoke (repeatable)");
+  rev->add_option("--serial", revoke_args->serials,
+                  "Serial number to revoke, hex as `starling certs show` prints it (repeatable)");
+  rev->add_option("--crl", revoke_args->crl, "Revocation list to update (default CA_DIR/crl.pem)");
+  rev->add_option("--days", revoke_args->days, "Validity of the new list in days")
+      ->check(CLI::Range(1, 3650))
+      ->capture_default_str();
+  rev->callback([revoke_args, &ctx] { ctx.exit_code = report(revoke(*revoke_args), "revoke"); });
 
   auto show_file = std::make_shared<std::string>();
   CLI::App* sh = certs->add_subcommand("show", "Print a certificate (or each in a bundle)");

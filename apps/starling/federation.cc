@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "aggregator/access.h"
 #include "aggregator/fed_task.h"
 #include "aggregator/monitor.h"
 #include "apps/starling/commands.h"
@@ -78,6 +79,12 @@ std::unique_ptr<edge_client::EdgeClient> make_client(
 }
 
 Status run_aggregator(const AggregatorArgs& args) {
+  // First: the io_context outlives everything bound to it. The monitor (held by `options` and
+  // `monitor` below) closes its acceptor when it goes; declared after `options`, the
+  // io_context was destroyed first, and the monitor then freed its sockets into an io_context
+  // already gone: heap corruption at the exit of every run with a metrics port
+  // (configs/fed_mnist_dp.toml).
+  asio::io_context io;
   ASSIGN_OR_RETURN(auto cfg, aggregator::load_federation_config(args.config));
   if (args.num_rounds) cfg.mutable_rounds()->set_num_rounds(args.num_rounds);
   // GPT, MDLM and DDPM: model, evaluation and simulated clients' trainers from the SimTask.
@@ -94,6 +101,7 @@ Status run_aggregator(const AggregatorArgs& args) {
   auto model = task ? nullptr : aggregator::make_model(cfg, pixels);
   const auto layout = task ? task->layout() : edge_client::layout_of(*model);
   auto options = aggregator::aggregator_options(cfg);
+  options.simulation = args.simulate;
   const std::string metrics_path = cfg.server().metrics_path().empty()
                                        ? cfg.server().state_dir() + "/metrics.jsonl"
                                        : cfg.server().metrics_path();
@@ -159,12 +167,18 @@ Status run_aggregator(const AggregatorArgs& args) {
       j["dp_epsilon"] = r.dp_epsilon;
       j["dp_delta"] = options.dp.delta;
       j["dp_noise_std"] = r.dp_noise_std;
+      j["dp_sampling_rate"] = r.dp_sampling_rate;
+      j["dp_expected_updates"] = r.dp_expected_updates;
+      j["dp_clip_norm"] = options.dp.clip_norm;
+    }
+    if (options.buffer_size > 0) {
+      j["mean_staleness"] = r.mean_staleness;
+      j["max_staleness"] = r.max_staleness;
     }
     metrics->write(j.dump());
     return go_on;
   };
 
-  asio::io_context io;
   const uint32_t metrics_port = args.metrics_port >= 0 ? static_cast<uint32_t>(args.metrics_port)
                                                        : cfg.server().metrics_port();
   if (metrics_port > 0) {
@@ -173,12 +187,25 @@ Status run_aggregator(const AggregatorArgs& args) {
                                                          "starling federation: " + args.config));
     options.monitor = monitor;
   }
+  // Who may join: in force before the first connection, then kept current (SIGHUP, file
+  // changes). A simulation's throwaway PKI has no CRL or allow-list to watch.
+  if (!args.simulate) {
+    ASSIGN_OR_RETURN(options.access,
+                     aggregator::access_policy(cfg, server_tls.ca_pem, server_tls.crl_pem));
+  }
   ASSIGN_OR_RETURN(
       auto agg,
       Aggregator::create(io, server_ctx, options, layout,
                          task ? task->initial_model() : edge_client::flatten(*model), hook));
   spdlog::info("aggregator: listening on {}:{}, state in {}, metrics in {}", options.server.host,
                agg->port(), options.state_dir, metrics_path);
+  std::unique_ptr<aggregator::AccessWatcher> access;
+  if (!args.simulate) {
+    ASSIGN_OR_RETURN(access, aggregator::AccessWatcher::start(io, cfg, server_tls, server_ctx,
+                                                              [&agg](aggregator::AccessPolicy p) {
+                                                                agg->set_access(std::move(p));
+                                                              }));
+  }
 
   std::vector<std::unique_ptr<edge_client::LocalTrainer>> trainers;
   std::vector<std::unique_ptr<edge_client::EdgeClient>> clients;

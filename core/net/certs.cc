@@ -227,8 +227,39 @@ Result<Credential> issue_cert(const Credential& ca, const CertSpec& spec, IssueN
   return Credential{std::move(cert), std::move(key)};
 }
 
+namespace {
+
+std::string bn_hex(const ASN1_INTEGER* serial) {
+  std::unique_ptr<BIGNUM, BnFree> bn(ASN1_INTEGER_to_BN(serial, nullptr));
+  char* hex = bn ? BN_bn2hex(bn.get()) : nullptr;
+  std::string out = hex ? hex : "?";
+  OPENSSL_free(hex);
+  return out;
+}
+
+}  // namespace
+
+std::string cert_serial_hex(const X509* cert) { return bn_hex(X509_get0_serialNumber(cert)); }
+
+std::vector<std::string> crl_serials(const X509_CRL* crl) {
+  std::vector<std::string> out;
+  STACK_OF(X509_REVOKED)* revoked = X509_CRL_get_REVOKED(const_cast<X509_CRL*>(crl));
+  for (int i = 0; revoked && i < sk_X509_REVOKED_num(revoked); ++i) {
+    out.push_back(bn_hex(X509_REVOKED_get0_serialNumber(sk_X509_REVOKED_value(revoked, i))));
+  }
+  return out;
+}
+
 Result<X509CrlPtr> make_crl(const Credential& ca, const std::vector<const X509*>& revoked,
                             int valid_days) {
+  std::vector<std::string> serials;
+  for (const X509* cert : revoked) serials.push_back(cert_serial_hex(cert));
+  return make_crl_for_serials(ca, serials, valid_days);
+}
+
+Result<X509CrlPtr> make_crl_for_serials(const Credential& ca,
+                                        const std::vector<std::string>& serials_hex,
+                                        int valid_days) {
   X509CrlPtr crl(X509_CRL_new());
   if (!crl || X509_CRL_set_version(crl.get(), 1) != 1 ||
       X509_CRL_set_issuer_name(crl.get(), X509_get_subject_name(ca.cert.get())) != 1) {
@@ -242,11 +273,20 @@ Result<X509CrlPtr> make_crl(const Credential& ca, const std::vector<const X509*>
       X509_CRL_set1_nextUpdate(crl.get(), next.get()) != 1) {
     return ssl_error("CRL validity");
   }
-  for (const X509* cert : revoked) {
+  for (const std::string& hex : serials_hex) {
+    BIGNUM* raw = nullptr;
+    const bool is_hex =
+        !hex.empty() && hex.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos;
+    if (!is_hex || BN_hex2bn(&raw, hex.c_str()) != static_cast<int>(hex.size())) {
+      BN_free(raw);
+      drain_openssl_errors();
+      return invalid_argument("certificate serial '" + hex + "' is not a hexadecimal number");
+    }
+    std::unique_ptr<BIGNUM, BnFree> bn(raw);
+    std::unique_ptr<ASN1_INTEGER, decltype(&ASN1_INTEGER_free)> serial(
+        BN_to_ASN1_INTEGER(bn.get(), nullptr), &ASN1_INTEGER_free);
     std::unique_ptr<X509_REVOKED, RevokedFree> entry(X509_REVOKED_new());
-    if (!entry ||
-        X509_REVOKED_set_serialNumber(
-            entry.get(), const_cast<ASN1_INTEGER*>(X509_get0_serialNumber(cert))) != 1 ||
+    if (!serial || !entry || X509_REVOKED_set_serialNumber(entry.get(), serial.get()) != 1 ||
         X509_REVOKED_set_revocationDate(entry.get(), now.get()) != 1 ||
         X509_CRL_add0_revoked(crl.get(), entry.get()) != 1) {
       return ssl_error("CRL entry");
@@ -360,10 +400,7 @@ Result<std::string> describe_cert(const X509* cert) {
     ASN1_TIME_print(bio.get(), t);
     return bio_string(bio.get());
   };
-  std::unique_ptr<BIGNUM, BnFree> serial(ASN1_INTEGER_to_BN(X509_get0_serialNumber(cert), nullptr));
-  char* serial_hex = serial ? BN_bn2hex(serial.get()) : nullptr;
-  const std::string serial_text = serial_hex ? serial_hex : "?";
-  OPENSSL_free(serial_hex);
+  const std::string serial_text = cert_serial_hex(cert);
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int md_len = 0;
   if (X509_digest(cert, EVP_sha256(), md, &md_len) != 1) return ssl_error("certificate digest");

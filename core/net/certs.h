@@ -73,6 +73,16 @@ Result<Credential> issue_cert(const Credential& ca, const CertSpec& spec,
 // A CRL signed by `ca`, listing `revoked`, valid for `valid_days`.
 Result<X509CrlPtr> make_crl(const Credential& ca, const std::vector<const X509*>& revoked,
                             int valid_days = 30);
+// The same for serial numbers in hex (as cert_serial_hex writes them). InvalidArgument for a
+// serial that is not hex.
+Result<X509CrlPtr> make_crl_for_serials(const Credential& ca,
+                                        const std::vector<std::string>& serials_hex,
+                                        int valid_days = 30);
+// A certificate's serial number, upper-case hex without leading zeros ("0" for zero): what
+// `starling certs show` prints and what a CRL lists.
+std::string cert_serial_hex(const X509* cert);
+// The serial numbers a CRL lists, in the same form.
+std::vector<std::string> crl_serials(const X509_CRL* crl);
 
 Result<std::string> cert_to_pem(const X509* cert);
 Result<std::string> key_to_pem(EVP_PKEY* key);  // unencrypted PKCS#8

@@ -19,7 +19,54 @@ Status tls_setup_error(std::string_view what) {
   return invalid_argument(std::move(m));
 }
 
+// The CN of the certificate a failed verification rejected, kept on the SSL object so that
+// the error message can name who was refused (OpenSSL stores no peer certificate then).
+int rejected_cn_index() {
+  static const int index = SSL_get_ex_new_index(
+      0, nullptr, nullptr, nullptr, [](void*, void* ptr, CRYPTO_EX_DATA*, int, long, void*) {
+        delete static_cast<std::string*>(ptr);
+      });
+  return index;
+}
+
+int verify_callback(int ok, X509_STORE_CTX* store) {
+  if (ok) return ok;
+  auto* ssl =
+      static_cast<SSL*>(X509_STORE_CTX_get_ex_data(store, SSL_get_ex_data_X509_STORE_CTX_idx()));
+  X509* cert = X509_STORE_CTX_get_current_cert(store);
+  if (ssl != nullptr && cert != nullptr && SSL_get_ex_data(ssl, rejected_cn_index()) == nullptr) {
+    const std::string cn = cert_identity(cert).common_name;
+    if (!cn.empty()) SSL_set_ex_data(ssl, rejected_cn_index(), new std::string(cn));
+  }
+  return ok;
+}
+
+// A store trusting config.ca_pem, checking config.crl_pem when given.
+Result<X509_STORE*> make_store(const TlsConfig& config, std::vector<X509Ptr>* cas_out) {
+  ASSIGN_OR_RETURN(auto cas, certs_from_pem(config.ca_pem), "CA certificate");
+  std::unique_ptr<X509_STORE, decltype(&X509_STORE_free)> store(X509_STORE_new(), &X509_STORE_free);
+  if (!store) return tls_setup_error("X509_STORE_new");
+  for (auto& ca : cas) {
+    if (X509_STORE_add_cert(store.get(), ca.get()) != 1) return tls_setup_error("adding the CA");
+  }
+  if (!config.crl_pem.empty()) {
+    ASSIGN_OR_RETURN(X509CrlPtr crl, crl_from_pem(config.crl_pem), "revocation list");
+    if (X509_STORE_add_crl(store.get(), crl.get()) != 1 ||
+        X509_STORE_set_flags(store.get(), X509_V_FLAG_CRL_CHECK) != 1) {
+      return tls_setup_error("adding the revocation list");
+    }
+  }
+  if (cas_out != nullptr) *cas_out = std::move(cas);
+  return store.release();
+}
+
 }  // namespace
+
+Status reload_trust(asio::ssl::context& ctx, const TlsConfig& config) {
+  ASSIGN_OR_RETURN(X509_STORE * store, make_store(config, nullptr), "reloading trust");
+  SSL_CTX_set_cert_store(ctx.native_handle(), store);  // frees the old store
+  return ok_status();
+}
 
 Result<TlsConfig> load_tls_config(const std::string& ca_path, const std::string& cert_path,
                                   const std::string& key_path, const std::string& crl_path) {
@@ -48,20 +95,13 @@ Result<std::shared_ptr<asio::ssl::context>> make_tls_context(const TlsConfig& co
   // OpenSSL frees a connection's record buffers (about 34 KiB) while no record is in flight.
   SSL_CTX_set_mode(c, SSL_MODE_RELEASE_BUFFERS);
 
-  ASSIGN_OR_RETURN(auto cas, certs_from_pem(config.ca_pem), "CA certificate");
-  X509_STORE* store = SSL_CTX_get_cert_store(c);
+  std::vector<X509Ptr> cas;
+  ASSIGN_OR_RETURN(X509_STORE * store, make_store(config, &cas));
+  SSL_CTX_set_cert_store(c, store);
   for (auto& ca : cas) {
-    if (X509_STORE_add_cert(store, ca.get()) != 1) return tls_setup_error("adding the CA");
     // Named in the certificate request, so a client holding several certificates picks ours.
     if (side == TlsSide::kServer && SSL_CTX_add_client_CA(c, ca.get()) != 1) {
       return tls_setup_error("naming the CA in certificate requests");
-    }
-  }
-  if (!config.crl_pem.empty()) {
-    ASSIGN_OR_RETURN(X509CrlPtr crl, crl_from_pem(config.crl_pem), "revocation list");
-    if (X509_STORE_add_crl(store, crl.get()) != 1 ||
-        X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK) != 1) {
-      return tls_setup_error("adding the revocation list");
     }
   }
 
@@ -77,7 +117,7 @@ Result<std::shared_ptr<asio::ssl::context>> make_tls_context(const TlsConfig& co
 
   int mode = SSL_VERIFY_PEER;
   if (side == TlsSide::kServer && config.require_peer_cert) mode |= SSL_VERIFY_FAIL_IF_NO_PEER_CERT;
-  SSL_CTX_set_verify(c, mode, nullptr);
+  SSL_CTX_set_verify(c, mode, verify_callback);
   SSL_CTX_set_verify_depth(c, 4);
   return ctx;
 }
@@ -97,8 +137,14 @@ Result<PeerIdentity> peer_identity(SSL* ssl, std::string address) {
   if (id.common_name.empty()) {
     return unauthenticated("certificate of " + address + " has no common name");
   }
-  return PeerIdentity{std::move(id.common_name), std::move(id.role), std::move(id.dns_names),
-                      std::move(id.ip_addresses), std::move(address)};
+  PeerIdentity peer;
+  peer.node_id = std::move(id.common_name);
+  peer.role = std::move(id.role);
+  peer.serial = cert_serial_hex(cert.get());
+  peer.dns_names = std::move(id.dns_names);
+  peer.ip_addresses = std::move(id.ip_addresses);
+  peer.address = std::move(address);
+  return peer;
 }
 
 Status net_error(std::string_view step, std::string_view peer, const asio::error_code& ec,
@@ -115,6 +161,10 @@ Status net_error(std::string_view step, std::string_view peer, const asio::error
     if (verify != X509_V_OK) {
       m += " (";
       m += X509_verify_cert_error_string(verify);
+      if (const auto* cn = static_cast<const std::string*>(
+              ssl != nullptr ? SSL_get_ex_data(ssl, rejected_cn_index()) : nullptr)) {
+        m += ", CN=" + *cn;
+      }
       m += ")";
     }
     const int reason = ERR_GET_REASON(static_cast<unsigned long>(ec.value()));

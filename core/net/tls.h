@@ -36,6 +36,12 @@ enum class TlsSide { kServer, kClient };
 // key does not match the certificate or any PEM is malformed.
 Result<std::shared_ptr<asio::ssl::context>> make_tls_context(const TlsConfig& config, TlsSide side);
 
+// Replaces the trust store of `ctx` with one built from config.ca_pem and config.crl_pem (the
+// other fields are not read): handshakes from now on verify against it, so a certificate the
+// new CRL lists is refused. Connections already open are not touched; their owners close the
+// revoked ones. Call on the thread that runs the context's handshakes.
+Status reload_trust(asio::ssl::context& ctx, const TlsConfig& config);
+
 // Who is on the other end of a verified connection.
 struct PeerIdentity {
   std::string node_id;  // certificate CN
@@ -43,6 +49,7 @@ struct PeerIdentity {
   std::vector<std::string> dns_names;
   std::vector<std::string> ip_addresses;
   std::string address;  // ip:port of the socket
+  std::string serial;   // certificate serial, upper-case hex (cert_serial_hex)
   // "node_id (address)", or the address alone before the handshake.
   std::string describe() const;
 };
@@ -51,7 +58,8 @@ struct PeerIdentity {
 Result<PeerIdentity> peer_identity(SSL* ssl, std::string address);
 
 // The Status for a failed network step: "<step> <peer>: <reason>", with the certificate
-// verification reason when OpenSSL rejected the peer's certificate. Codes: TLS failures are
+// verification reason when OpenSSL rejected the peer's certificate (and the subject CN of the
+// certificate it rejected: "certificate revoked, CN=client-3"). Codes: TLS failures are
 // Unauthenticated, timeouts DeadlineExceeded, resets and refusals Unavailable.
 Status net_error(std::string_view step, std::string_view peer, const asio::error_code& ec,
                  SSL* ssl = nullptr);

@@ -2,9 +2,12 @@
 // (rdp_privacy_accountant_test.py), the DP noise, and the checkpoint text of the RDP curve.
 #include "aggregator/dp.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 namespace starling::aggregator {
 namespace {
@@ -92,24 +95,99 @@ TEST_CASE("the RDP curve survives its checkpoint text", "[dp]") {
   CHECK_FALSE(restored.restore({1.0, 2.0}).ok());
 }
 
-TEST_CASE("DP noise is seeded and has the asked standard deviation", "[dp]") {
+TEST_CASE("epsilon of the sampling used matches dp_accounting 0.6.0 within 1%", "[dp]") {
+  // dp_accounting 0.6.0 (pip), RdpAccountant().compose(PoissonSampledDpEvent(q,
+  // GaussianDpEvent(sigma)), rounds).get_epsilon(delta): the Poisson sampling the aggregator
+  // runs under [dp], with its q composed round by round.
+  struct Case {
+    std::vector<std::pair<double, uint64_t>> rounds;  // (q, rounds at that q)
+    double sigma, delta, epsilon;
+  };
+  const std::vector<Case> cases = {
+      {{{0.2, 50}}, 1.0, 1e-5, 11.34018520297392},  // configs/fed_mnist_dp.toml
+      {{{0.01, 1000}}, 1.1, 1e-5, 1.7117701662429012},
+      {{{0.2, 25}, {0.25, 25}}, 1.0, 1e-5, 12.77146922448897},  // availability changed
+  };
+  for (const auto& c : cases) {
+    RdpAccountant acc;
+    for (const auto& [q, n] : c.rounds) acc.compose(q, c.sigma, n);
+    INFO("sigma " << c.sigma << ", first q " << c.rounds[0].first);
+    CHECK(acc.spent(c.delta).epsilon == Approx(c.epsilon).epsilon(0.01));
+  }
+}
+
+double mean_of(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += x;
+  return s / static_cast<double>(v.size());
+}
+
+double sd_of(const std::vector<float>& v) {
+  const double m = mean_of(v);
+  double s2 = 0;
+  for (float x : v) s2 += (x - m) * (x - m);
+  return std::sqrt(s2 / static_cast<double>(v.size()));
+}
+
+TEST_CASE("DP noise from the DRBG: the asked standard deviation, never the same twice", "[dp]") {
+  std::vector<float> a(20001, 0.0f);  // odd: the last Box-Muller pair is half used
+  std::vector<float> b(20001, 0.0f);
+  auto sa = NoiseSource::secure();
+  auto sb = NoiseSource::secure();
+  CHECK_FALSE(sa.reproducible());
+  REQUIRE(sa.add_gaussian(a, 0.5).ok());
+  REQUIRE(sb.add_gaussian(b, 0.5).ok());
+  CHECK(a != b);
+  CHECK(std::abs(mean_of(a)) < 0.02);
+  CHECK(sd_of(a) == Approx(0.5).epsilon(0.03));
+  CHECK(a.back() != 0.0f);
+  // Two draws of one source differ too, and neither is the seeded stream of any small seed.
+  std::vector<float> c(64, 0.0f);
+  std::vector<float> d(64, 0.0f);
+  REQUIRE(sa.add_gaussian(c, 1.0).ok());
+  REQUIRE(sa.add_gaussian(d, 1.0).ok());
+  CHECK(c != d);
+  for (uint64_t seed = 0; seed < 64; ++seed) {
+    std::vector<float> e(64, 0.0f);
+    REQUIRE(NoiseSource::seeded(seed).add_gaussian(e, 1.0).ok());
+    CHECK(e != c);
+  }
+}
+
+TEST_CASE("seeded DP noise (simulations only) repeats and has the asked deviation", "[dp]") {
   std::vector<float> a(20000, 0.0f);
   std::vector<float> b(20000, 0.0f);
-  Rng ra = Rng(7).fork(3);
-  Rng rb = Rng(7).fork(3);
-  add_gaussian_noise(a, 0.5, ra);
-  add_gaussian_noise(b, 0.5, rb);
+  auto sa = NoiseSource::seeded(7);
+  auto sb = NoiseSource::seeded(7);
+  CHECK(sa.reproducible());
+  REQUIRE(sa.add_gaussian(a, 0.5).ok());
+  REQUIRE(sb.add_gaussian(b, 0.5).ok());
   CHECK(a == b);
-  double s = 0;
-  double s2 = 0;
-  for (float x : a) {
-    s += x;
-    s2 += static_cast<double>(x) * x;
+  CHECK(std::abs(mean_of(a)) < 0.02);
+  CHECK(sd_of(a) == Approx(0.5).epsilon(0.03));
+}
+
+TEST_CASE("Poisson sampling draws each client with probability q", "[dp]") {
+  auto src = NoiseSource::secure();
+  std::vector<int> hits(50, 0);
+  int total = 0;
+  constexpr int kRounds = 4000;
+  for (int r = 0; r < kRounds; ++r) {
+    auto drawn = poisson_sample(50, 0.2, src);
+    REQUIRE(drawn.ok());
+    REQUIRE(std::is_sorted(drawn->begin(), drawn->end()));
+    for (size_t i : *drawn) ++hits[i];
+    total += static_cast<int>(drawn->size());
   }
-  const double mean = s / a.size();
-  const double sd = std::sqrt(s2 / a.size() - mean * mean);
-  CHECK(std::abs(mean) < 0.02);
-  CHECK(sd == Approx(0.5).epsilon(0.03));
+  // Mean count 10 (sd of the mean over 4000 rounds ~0.045); each client near 800 of 4000.
+  CHECK(static_cast<double>(total) / kRounds == Approx(10.0).margin(0.25));
+  for (int h : hits) CHECK(std::abs(h - 800) < 150);
+  auto none = poisson_sample(50, 0.0, src);
+  REQUIRE(none.ok());
+  CHECK(none->empty());
+  auto all = poisson_sample(50, 1.0, src);
+  REQUIRE(all.ok());
+  CHECK(all->size() == 50);
 }
 
 }  // namespace

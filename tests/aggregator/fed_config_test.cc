@@ -101,7 +101,7 @@ krum_m = 3
 
   v1::FederationConfig d;
   REQUIRE(config::parse_toml("[dp]\nclip_norm = 0.5\nnoise_multiplier = 1.2\ndelta = 1e-6\n"
-                             "seed = 9\n",
+                             "simulation_seed = 9\n",
                              "d.toml", &d)
               .ok());
   REQUIRE(validate_federation_config(d, "d.toml").ok());
@@ -110,7 +110,12 @@ krum_m = 3
   CHECK(o.dp.clip_norm == Approx(0.5));
   CHECK(o.dp.noise_multiplier == Approx(1.2));
   CHECK(o.dp.delta == 1e-6);
-  CHECK(o.dp.seed == 9);
+  CHECK(o.dp.simulation_seed == 9);
+  // The old key, which made the noise recomputable from the config, is gone: a clear error.
+  v1::FederationConfig old;
+  const Status st = config::parse_toml("[dp]\nclip_norm = 0.5\nseed = 9\n", "old.toml", &old);
+  REQUIRE_FALSE(st.ok());
+  CHECK_THAT(st.message(), Catch::Contains("old.toml:3") && Catch::Contains("seed"));
 }
 
 TEST_CASE("Krum and DP misconfigurations name the key", "[aggregator]") {

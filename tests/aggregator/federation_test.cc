@@ -135,6 +135,20 @@ struct Federation {
     c->start();
     return c;
   }
+
+  // Clients 0..n-1 with FormulaTrainer(k), connected to `port`.
+  struct Fleet {
+    std::vector<std::unique_ptr<FormulaTrainer>> trainers;
+    std::vector<std::unique_ptr<EdgeClient>> clients;
+  };
+  Fleet start_formula_clients(asio::io_context& io, int n, uint16_t port) {
+    Fleet f;
+    for (int k = 0; k < n; ++k) {
+      f.trainers.push_back(std::make_unique<FormulaTrainer>(k));
+      f.clients.push_back(start_client(io, k, port, *f.trainers.back()));
+    }
+    return f;
+  }
 };
 
 // The model after `rounds` rounds of FedAvg over all four clients, in double.
@@ -286,12 +300,7 @@ TEST_CASE("an aggregator destroyed mid-run resumes to the uninterrupted result",
   {
     asio::io_context io;
     auto agg = fed.start_aggregator(io, options(""));
-    std::vector<std::unique_ptr<FormulaTrainer>> trainers;
-    std::vector<std::unique_ptr<EdgeClient>> clients;
-    for (int k = 0; k < 4; ++k) {
-      trainers.push_back(std::make_unique<FormulaTrainer>(k));
-      clients.push_back(fed.start_client(io, k, agg->port(), *trainers.back()));
-    }
+    const auto fleet = fed.start_formula_clients(io, 4, agg->port());
     REQUIRE(run_until(io, kWait, [&] { return agg->done(); }));
     reference.assign(agg->global().begin(), agg->global().end());
   }
@@ -483,6 +492,82 @@ TEST_CASE("a stalled upload loses its turn and chunks sent before the turn are r
 namespace starling::aggregator {
 namespace {
 
+// Every client sends the same delta (all kConstDelta) with 3 examples: FedBuff ignores the
+// examples, so each server step moves every coordinate by
+// server_lr * sum_k s(staleness_k) * kConstDelta / K.
+constexpr float kConstDelta = 0.5f;
+class ConstTrainer : public LocalTrainer {
+ public:
+  const compress::Layout& layout() const override { return layout_; }
+  Result<TrainReport> train(std::span<const float>, const v1::RoundPlan&,
+                            std::span<float> delta) override {
+    for (auto& d : delta) d = kConstDelta;
+    return TrainReport{3, 0.0f};
+  }
+
+ private:
+  compress::Layout layout_ = test_layout();
+};
+
+TEST_CASE("FedBuff steps by the staleness-weighted sum over K", "[net][fedbuff]") {
+  CHECK(fedbuff_staleness_weight(0) == 1.0f);
+  CHECK(fedbuff_staleness_weight(3) == 0.5f);
+  CHECK(fedbuff_staleness_weight(8) == Approx(1.0 / 3.0).epsilon(1e-7));
+  for (const uint32_t k : {1u, 2u}) {
+    DYNAMIC_SECTION("K = " << k) {
+      Federation fed(k + 1);
+      asio::io_context io;
+      auto o = fed.options(8);
+      o.buffer_size = k;
+      o.clients_per_round = k + 1;  // one more trains than a buffer holds: some arrive stale
+      o.min_available = k + 1;      // all train from the first dispatch on
+      o.strategy.server_lr = 0.5f;
+      std::vector<RoundReport> reports;
+      std::vector<std::vector<float>> models = {initial_model()};
+      auto agg = Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o,
+                                    test_layout(), initial_model(),
+                                    [&](const RoundReport& r, std::span<const float> g) {
+                                      reports.push_back(r);
+                                      models.emplace_back(g.begin(), g.end());
+                                      return true;
+                                    });
+      REQUIRE(agg.ok());
+      std::vector<std::unique_ptr<ConstTrainer>> trainers;
+      std::vector<std::unique_ptr<EdgeClient>> clients;
+      for (uint32_t c = 0; c <= k; ++c) {
+        trainers.push_back(std::make_unique<ConstTrainer>());
+        clients.push_back(
+            fed.start_client(io, static_cast<int>(c), (*agg)->port(), *trainers.back()));
+      }
+      REQUIRE(run_until(io, kWait, [&] { return (*agg)->done(); }));
+      CHECK((*agg)->error().ok());
+      REQUIRE(reports.size() == 8);
+      int stale_rounds = 0;
+      for (size_t r = 0; r < reports.size(); ++r) {
+        const RoundReport& rep = reports[r];
+        REQUIRE(rep.updates == static_cast<int>(k));
+        // The staleness of each update in the buffer, from the report's mean and max.
+        const auto total = static_cast<uint64_t>(std::llround(rep.mean_staleness * k));
+        std::vector<uint64_t> tau = {rep.max_staleness};
+        if (k == 2) tau.push_back(total - rep.max_staleness);
+        double weight_sum = 0;
+        for (uint64_t t : tau) weight_sum += fedbuff_staleness_weight(t);
+        const double step = 0.5 * weight_sum * kConstDelta / k;
+        if (rep.max_staleness > 0) ++stale_rounds;
+        INFO("round " << r + 1 << ", max staleness " << rep.max_staleness << ", mean "
+                      << rep.mean_staleness);
+        CHECK(rep.total_weight == Approx(weight_sum).epsilon(1e-6));
+        for (int64_t i = 0; i < kNumel; ++i) {
+          CHECK(models[r + 1][i] - models[r][i] == Approx(step).epsilon(1e-5));
+        }
+      }
+      // Updates arrived stale, and those steps were damped: normalizing by the sum of the
+      // weights (or weighting by examples) would have moved by 0.5 * kConstDelta every time.
+      CHECK(stale_rounds > 0);
+    }
+  }
+}
+
 TEST_CASE("FedBuff steps the model every buffer_size updates", "[net]") {
   Federation fed;
   asio::io_context io;
@@ -570,64 +655,213 @@ TEST_CASE("Multi-Krum over TLS leaves the Byzantine client out", "[net][krum]") 
   }
 }
 
-TEST_CASE("central DP clips, averages over the target, adds seeded noise, reports epsilon",
-          "[net][dp]") {
-  Federation fed;
-  asio::io_context io;
+// A DP federation of the four formula clients over TLS; the reports and the final model.
+struct DpRun {
+  std::vector<RoundReport> reports;
+  std::vector<float> global;
+  std::string metrics;
+};
+
+DpRun run_dp(Federation& fed, const AggregatorOptions& base) {
+  asio::io_context io;  // first: the options below hold the monitor, which must go before it
+  auto o = base;
+  auto monitor = Monitor::start(io, "127.0.0.1", 0, "test federation");
+  REQUIRE(monitor.ok());
+  o.monitor = *monitor;
+  DpRun run;
+  auto agg = fed.start_aggregator(io, o, &run.reports);
+  const auto fleet = fed.start_formula_clients(io, 4, agg->port());
+  REQUIRE(run_until(io, kWait, [&] { return agg->done(); }));
+  CHECK(agg->error().ok());
+  run.global.assign(agg->global().begin(), agg->global().end());
+  run.metrics = (*monitor)->metrics_text();
+  return run;
+}
+
+AggregatorOptions dp_options(const Federation& fed) {
   auto o = fed.options(2);
   o.dp.clip_norm = 1.0;
   o.dp.noise_multiplier = 0.5;
   o.dp.delta = 1e-5;
-  o.dp.seed = 7;
-  auto monitor = Monitor::start(io, "127.0.0.1", 0, "test federation");
-  REQUIRE(monitor.ok());
-  o.monitor = *monitor;
-  std::vector<RoundReport> reports;
-  auto agg = fed.start_aggregator(io, o, &reports);
-  std::vector<std::unique_ptr<FormulaTrainer>> trainers;
-  std::vector<std::unique_ptr<EdgeClient>> clients;
-  for (int k = 0; k < 4; ++k) {
-    trainers.push_back(std::make_unique<FormulaTrainer>(k));
-    clients.push_back(fed.start_client(io, k, agg->port(), *trainers.back()));
-  }
-  REQUIRE(run_until(io, kWait, [&] { return agg->done(); }));
-  CHECK(agg->error().ok());
-  REQUIRE(reports.size() == 2);
+  return o;
+}
 
-  // Directly: each delta scaled to norm at most 1, summed with weight 1, divided by the target (4),
-  // plus N(0, (0.5 * 1 / 4)^2) from Rng(7).fork(round).
+// Round r's update before noise: each delta scaled to norm at most 1, summed with weight 1,
+// divided by the expected updates (4: q = 4 / 4 available).
+std::vector<float> clipped_mean(uint64_t r, int* clipped) {
+  std::vector<double> sum(kNumel, 0.0);
+  *clipped = 0;
+  for (int k = 0; k < 4; ++k) {
+    double n2 = 0;
+    for (int64_t i = 0; i < kNumel; ++i) n2 += formula_delta(k, r, i) * formula_delta(k, r, i);
+    const double scale = n2 > 1.0 ? 1.0 / std::sqrt(n2) : 1.0;
+    if (n2 > 1.0) ++*clipped;
+    for (int64_t i = 0; i < kNumel; ++i) sum[i] += formula_delta(k, r, i) * scale;
+  }
+  std::vector<float> delta(kNumel);
+  for (int64_t i = 0; i < kNumel; ++i) delta[i] = static_cast<float>(sum[i] / 4.0);
+  return delta;
+}
+
+TEST_CASE("simulated central DP clips, averages over the expected updates, adds seeded noise",
+          "[net][dp]") {
+  Federation fed;
+  auto o = dp_options(fed);
+  o.simulation = true;
+  o.dp.simulation_seed = 7;
+  const DpRun run = run_dp(fed, o);
+  REQUIRE(run.reports.size() == 2);
+  // Directly: Poisson sampling at q = 1 draws all four, then N(0, (0.5 * 1 / 4)^2) from the
+  // round's seeded stream.
   std::vector<float> g = initial_model();
   RdpAccountant acc;
   for (uint64_t r = 1; r <= 2; ++r) {
-    std::vector<double> sum(kNumel, 0.0);
     int clipped = 0;
-    for (int k = 0; k < 4; ++k) {
-      double n2 = 0;
-      for (int64_t i = 0; i < kNumel; ++i) n2 += formula_delta(k, r, i) * formula_delta(k, r, i);
-      const double scale = n2 > 1.0 ? 1.0 / std::sqrt(n2) : 1.0;
-      if (n2 > 1.0) ++clipped;
-      for (int64_t i = 0; i < kNumel; ++i) sum[i] += formula_delta(k, r, i) * scale;
-    }
-    std::vector<float> delta(kNumel);
-    for (int64_t i = 0; i < kNumel; ++i) delta[i] = static_cast<float>(sum[i] / 4.0);
-    Rng noise = Rng(7).fork(r);
-    add_gaussian_noise(delta, 0.125, noise);
+    std::vector<float> delta = clipped_mean(r, &clipped);
+    auto src = NoiseSource::seeded(Rng(7).fork(r << 16).next_u64());
+    auto drawn = poisson_sample(4, 1.0, src);
+    REQUIRE(drawn.ok());
+    REQUIRE(drawn->size() == 4);
+    REQUIRE(src.add_gaussian(delta, 0.125).ok());
     for (int64_t i = 0; i < kNumel; ++i) g[i] += delta[i];
-    CHECK(reports[r - 1].clipped == clipped);
+    const RoundReport& rep = run.reports[r - 1];
+    CHECK(rep.clipped == clipped);
     CHECK(clipped >= 3);
-    CHECK(reports[r - 1].dp_noise_std == Approx(0.125));
-    // All four registered clients take part: sampling rate 1.
+    CHECK(rep.dp_noise_std == Approx(0.125));
+    CHECK(rep.dp_sampling_rate == 1.0);
+    CHECK(rep.dp_expected_updates == 4.0);
     acc.compose(1.0, 0.5);
-    CHECK(reports[r - 1].dp_epsilon == Approx(acc.spent(1e-5).epsilon).epsilon(1e-12));
+    CHECK(rep.dp_epsilon == Approx(acc.spent(1e-5).epsilon).epsilon(1e-12));
   }
-  CHECK(reports[1].dp_epsilon > reports[0].dp_epsilon);
-  for (int64_t i = 0; i < kNumel; ++i) CHECK(agg->global()[i] == Approx(g[i]).margin(1e-5));
-  // The monitor saw the same rounds.
-  const std::string metrics = (*monitor)->metrics_text();
-  CHECK_THAT(metrics, Catch::Contains("starling_rounds_completed_total 2"));
-  CHECK_THAT(metrics, Catch::Contains("starling_updates_folded_total 8"));
-  CHECK_THAT(metrics, Catch::Contains("starling_clients_registered 4"));
-  CHECK_THAT(metrics, Catch::Contains("starling_dp_epsilon "));
+  CHECK(run.reports[1].dp_epsilon > run.reports[0].dp_epsilon);
+  for (int64_t i = 0; i < kNumel; ++i) CHECK(run.global[i] == Approx(g[i]).margin(1e-5));
+  // The same simulation again: the same model, bit for bit.
+  const DpRun again = run_dp(fed, o);
+  CHECK(again.global == run.global);
+  // The monitor saw the rounds.
+  CHECK_THAT(run.metrics, Catch::Contains("starling_rounds_completed_total 2"));
+  CHECK_THAT(run.metrics, Catch::Contains("starling_updates_folded_total 8"));
+  CHECK_THAT(run.metrics, Catch::Contains("starling_clients_registered 4"));
+  CHECK_THAT(run.metrics, Catch::Contains("starling_dp_epsilon "));
+}
+
+TEST_CASE("real DP noise cannot be recomputed by someone who has the config and the models",
+          "[net][dp]") {
+  Federation fed;
+  auto o = dp_options(fed);  // no simulation seed: the DRBG
+  o.num_rounds = 1;
+  const DpRun a = run_dp(fed, o);
+  const DpRun b = run_dp(fed, o);
+  REQUIRE(a.reports.size() == 1);
+  REQUIRE(b.reports.size() == 1);
+  // The adversary knows the config, the clients' exact updates (so the noiseless mean) and
+  // the global model before and after the round; what is left is the round's noise.
+  int clipped = 0;
+  const std::vector<float> clean = clipped_mean(1, &clipped);
+  const auto init = initial_model();
+  auto noise_of = [&](const std::vector<float>& g) {
+    std::vector<float> n(kNumel);
+    for (int64_t i = 0; i < kNumel; ++i) n[i] = g[i] - init[i] - clean[i];
+    return n;
+  };
+  // Same config, same clients: the noise differs between the runs.
+  const std::vector<float> round1 = noise_of(a.global);
+  CHECK(round1 != noise_of(b.global));
+  // ...and it is none of the streams a config could name: the seeded simulation stream, or the
+  // xoshiro stream the noise once came from (Rng(seed).fork(round)), for any small seed.
+  double ss = 0;
+  for (float x : round1) ss += static_cast<double>(x) * x;
+  CHECK(ss > 0);  // there is noise to find
+  for (uint64_t seed = 0; seed < 256; ++seed) {
+    std::vector<float> guess(kNumel, 0.0f);
+    auto src = NoiseSource::seeded(Rng(seed).fork(1ull << 16).next_u64());
+    REQUIRE(poisson_sample(4, 1.0, src).ok());
+    REQUIRE(src.add_gaussian(guess, 0.125).ok());
+    std::vector<float> old(kNumel, 0.0f);
+    Rng rng = Rng(seed).fork(1);
+    for (float& x : old) x = static_cast<float>(0.125 * rng.normal());
+    double miss_new = 0;
+    double miss_old = 0;
+    for (int64_t i = 0; i < kNumel; ++i) {
+      miss_new += std::abs(static_cast<double>(guess[i]) - round1[i]);
+      miss_old += std::abs(static_cast<double>(old[i]) - round1[i]);
+    }
+    INFO("seed " << seed);
+    // A recomputed noise would match to float rounding (~1e-6 a coordinate).
+    CHECK(miss_new > 1e-3);
+    CHECK(miss_old > 1e-3);
+  }
+}
+
+TEST_CASE("a client off the allow-list is refused with its name", "[net][access]") {
+  Federation fed;
+  asio::io_context io;
+  auto monitor = Monitor::start(io, "127.0.0.1", 0, "test federation");
+  REQUIRE(monitor.ok());
+  {
+    auto o = fed.options(2);
+    o.clients_per_round = 3;
+    o.min_available = 3;
+    o.access.restricted = true;
+    o.access.allowed = {"client-0", "client-1", "client-2"};
+    o.monitor = *monitor;
+    auto agg = fed.start_aggregator(io, o);
+    const auto fleet = fed.start_formula_clients(io, 4, agg->port());
+    const auto& trainers = fleet.trainers;
+    REQUIRE(run_until(io, kWait, [&] { return agg->done(); }));
+    CHECK(agg->error().ok());
+    CHECK(trainers[3]->seen.empty());  // never trained for this federation
+    for (int k = 0; k < 3; ++k) CHECK(trainers[static_cast<size_t>(k)]->seen.size() == 2);
+  }
+  CHECK_THAT((*monitor)->metrics_text(), Catch::Contains("starling_identities_refused_total"));
+  CHECK_THAT((*monitor)->metrics_text(), !Catch::Contains("starling_identities_refused_total 0"));
+  CHECK_THAT((*monitor)->status_json(), Catch::Contains("client-3 is not on the allow-list"));
+  CHECK_THAT((*monitor)->status_html(), Catch::Contains("client-3 is not on the allow-list"));
+}
+
+TEST_CASE("revoking a connected client closes its session at once", "[net][access]") {
+  Federation fed;
+  asio::io_context io;
+  auto o = fed.options(3);
+  o.clients_per_round = 3;
+  o.min_available = 3;
+  std::vector<RoundReport> reports;
+  auto agg = fed.start_aggregator(io, o, &reports);
+  const auto fleet = fed.start_formula_clients(io, 4, agg->port());
+  const auto& trainers = fleet.trainers;
+  REQUIRE(run_until(io, kWait, [&] { return agg->registered_clients() == 4; }));
+  AccessPolicy revoke3;
+  revoke3.revoked = {net::cert_serial_hex(fed.client_nodes[3].cert.get())};
+  agg->set_access(revoke3);
+  // Closed at once, not at its next message.
+  REQUIRE(run_until(io, milliseconds(1000), [&] { return agg->registered_clients() == 3; }));
+  const size_t seen_at_revocation = trainers[3]->seen.size();
+  REQUIRE(run_until(io, kWait, [&] { return agg->done(); }));
+  CHECK(agg->error().ok());
+  CHECK(reports.size() == 3);
+  // It kept reconnecting and was refused each time: no round after the revocation reached it.
+  CHECK(trainers[3]->seen.size() == seen_at_revocation);
+  CHECK(agg->registered_clients() <= 3);
+  AccessPolicy p;
+  CHECK(p.refusal("x", "AB").empty());
+  p.restricted = true;
+  CHECK_THAT(p.refusal("x", "AB"), Catch::Contains("x is not on the allow-list"));
+  p.allowed = {"x"};
+  CHECK(p.refusal("x", "AB").empty());
+  p.revoked = {"AB"};
+  CHECK_THAT(p.refusal("x", "AB"), Catch::Contains("certificate AB of x is revoked"));
+}
+
+TEST_CASE("the aggregator refuses a DP simulation seed outside a simulation", "[net][dp]") {
+  Federation fed;
+  asio::io_context io;
+  auto o = dp_options(fed);
+  o.dp.simulation_seed = 7;
+  auto agg = Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer), o,
+                                test_layout(), initial_model());
+  REQUIRE_FALSE(agg.ok());
+  CHECK_THAT(agg.status().message(),
+             Catch::Contains("simulation_seed") && Catch::Contains("outside a simulation"));
 }
 
 }  // namespace

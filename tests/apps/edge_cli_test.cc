@@ -3,7 +3,6 @@
 // SIGKILL during local training and restarted: its state file is intact, it rejoins, and the
 // federation completes.
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -14,50 +13,26 @@
 #include <string>
 #include <thread>
 
+#include "tests/testing/child_process.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
 const std::string kBinary = std::string(STARLING_BINARY_DIR) + "/apps/starling";
 
-struct Run {
-  int rc = -1;
-  std::string out;
-};
+using starling::testing::ChildProcess;
+using std::chrono::seconds;
+
+using Run = starling::testing::CommandResult;
 
 Run run(const std::string& args) {
-  const std::string cmd = kBinary + " --log-level warn " + args + " 2>&1";
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return starling::testing::run_shell(kBinary + " --log-level warn " + args);
 }
 
-// A child process running `starling ARGS`, output to `log`.
-pid_t spawn(const std::string& args, const fs::path& log) {
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    const std::string cmd = "exec " + kBinary + " " + args + " >" + log.string() + " 2>&1";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return pid;
-}
-
-// Waits up to `seconds` for the child; its exit code, or -1 if it is still running.
-int wait_for(pid_t pid, int seconds) {
-  for (int i = 0; i < seconds * 20; ++i) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return -1;
+// A child process running `starling ARGS`, output to `log`; killed and reaped with its owner.
+ChildProcess spawn(const std::string& args, const fs::path& log) {
+  return ChildProcess::shell(kBinary + " " + args + " >" + log.string() + " 2>&1");
 }
 
 std::string slurp(const fs::path& p) {
@@ -106,7 +81,7 @@ TEST_CASE("cli: client --check, SIGKILL during training, restart and rejoin", "[
   const std::string client_args = "client --config " + (d / "client.toml").string();
 
   // No aggregator yet: everything but the link checks out.
-  Run check = run(client_args + " --check --check-timeout 2");
+  auto check = run(client_args + " --check --check-timeout 2");
   INFO(check.out);
   CHECK(check.rc == 1);
   CHECK_THAT(check.out, Catch::Contains("ok    certificate   CN=client-0"));
@@ -115,7 +90,7 @@ TEST_CASE("cli: client --check, SIGKILL during training, restart and rejoin", "[
   CHECK_THAT(check.out, Catch::Contains("FAIL  aggregator"));
   CHECK_THAT(check.out, Catch::Contains("1 check(s) failed"));
 
-  const pid_t agg = spawn("aggregator --config " + (d / "agg.toml").string(), d / "agg.log");
+  ChildProcess agg = spawn("aggregator --config " + (d / "agg.toml").string(), d / "agg.log");
   bool up = false;
   for (int i = 0; i < 100 && !up; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -128,15 +103,15 @@ TEST_CASE("cli: client --check, SIGKILL during training, restart and rejoin", "[
   CHECK_THAT(check.out, Catch::Contains("aggregator aggregator at 127.0.0.1"));
 
   // Kill the client as soon as its first update is acknowledged: it is then training round 2.
-  pid_t client = spawn("--log-level info " + client_args, d / "client1.log");
+  ChildProcess client = spawn("--log-level info " + client_args, d / "client1.log");
   bool saved = false;
   for (int i = 0; i < 600 && !saved; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
     saved = fs::exists(state);
   }
   REQUIRE(saved);
-  kill(client, SIGKILL);
-  CHECK(wait_for(client, 10) == -2);
+  client.kill();
+  CHECK(client.term_signal() == SIGKILL);
 
   check = run(client_args + " --check");
   INFO(check.out);
@@ -145,10 +120,8 @@ TEST_CASE("cli: client --check, SIGKILL during training, restart and rejoin", "[
   CHECK_THAT(check.out, Catch::Contains("1 rounds trained"));
 
   client = spawn("--log-level info " + client_args, d / "client2.log");
-  const int client_rc = wait_for(client, 120);
-  const int agg_rc = wait_for(agg, 30);
-  if (client_rc == -1) kill(client, SIGKILL);
-  if (agg_rc == -1) kill(agg, SIGKILL);
+  const int client_rc = client.wait_or_kill(seconds(120));
+  const int agg_rc = agg.wait_or_kill(seconds(30));
   INFO(slurp(d / "client2.log"));
   INFO(slurp(d / "agg.log"));
   CHECK(client_rc == 0);
@@ -157,4 +130,95 @@ TEST_CASE("cli: client --check, SIGKILL during training, restart and rejoin", "[
   check = run(client_args + " --check --check-timeout 1");
   CHECK_THAT(check.out, Catch::Contains("3 rounds trained"));
   fs::remove_all(d);
+}
+
+TEST_CASE("cli: allow-list and `certs revoke` + SIGHUP refuse clients of a live aggregator",
+          "[apps]") {
+  const fs::path d = fs::temp_directory_path() / "access";
+  fs::create_directories(d);
+  const std::string ca = (d / "ca").string();
+  REQUIRE(run("certs init-ca --out " + ca + " --name access-test").rc == 0);
+  REQUIRE(run("certs issue --ca " + ca +
+              " --name aggregator --role server --san DNS:localhost,IP:127.0.0.1 --out " +
+              (d / "agg").string())
+              .rc == 0);
+  for (const char* name : {"client-0", "client-1"}) {
+    REQUIRE(run(std::string("certs issue --ca ") + ca + " --name " + name +
+                " --role client --out " + (d / name).string())
+                .rc == 0);
+  }
+  auto empty = run("certs revoke --ca " + ca);  // an empty list to start from
+  INFO(empty.out);
+  REQUIRE(empty.rc == 0);
+  CHECK_THAT(empty.out, Catch::Contains("0 revoked certificate(s)"));
+  std::ofstream(d / "allowed.txt") << "# who may join\nclient-0\n";
+
+  const int port = 20000 + static_cast<int>((getpid() + 7919) % 20000);
+  const std::string common =
+      "[rounds]\nnum_rounds = 1000\nclients_per_round = 1\nmin_available = 1\n"
+      "round_deadline_ms = 5000\n"
+      "[local]\nepochs = 1\nlocal_steps = 2\nbatch_size = 10\nlearning_rate = 0.05\n"
+      "[data]\ndataset = \"mnist\"\nnum_clients = 20\npartition = \"IID\"\n"
+      "[model]\nhidden = 16\n[eval]\nevery_rounds = 0\n";
+  std::ofstream(d / "agg.toml") << "[tls]\nca = \"" << (d / "agg" / "ca.crt").string()
+                                << "\"\ncert = \"" << (d / "agg" / "aggregator.crt").string()
+                                << "\"\nkey = \"" << (d / "agg" / "aggregator.key").string()
+                                << "\"\ncrl = \"" << (d / "ca" / "crl.pem").string()
+                                << "\"\n[server]\nport = " << port << "\nstate_dir = \""
+                                << (d / "state").string() << "\"\nallowed_clients_file = \""
+                                << (d / "allowed.txt").string() << "\"\n"
+                                << common;
+  for (const char* name : {"client-0", "client-1"}) {
+    const fs::path dir = d / name;
+    std::ofstream(d / (std::string(name) + ".toml"))
+        << "[tls]\nca = \"" << (dir / "ca.crt").string() << "\"\ncert = \""
+        << (dir / (std::string(name) + ".crt")).string() << "\"\nkey = \""
+        << (dir / (std::string(name) + ".key")).string() << "\"\n"
+        << common << "[client]\nserver_port = " << port
+        << "\nserver_name = \"localhost\"\npartition_index = 1\nbackoff_max_ms = 300\n"
+        << "state_path = \"none\"\n";
+  }
+  ChildProcess agg =
+      spawn("--log-level info aggregator --config " + (d / "agg.toml").string(), d / "agg.log");
+  auto log_has = [&](const std::string& text) {
+    return slurp(d / "agg.log").find(text) != std::string::npos;
+  };
+  auto wait_log = [&](const std::string& text, std::chrono::milliseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (!log_has(text)) {
+      if (std::chrono::steady_clock::now() > end || !agg.running()) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
+  };
+  REQUIRE(wait_log("listening", seconds(10)));
+  ChildProcess c0 = spawn("--log-level info client --config " + (d / "client-0.toml").string(),
+                          d / "client-0.log");
+  ChildProcess c1 = spawn("--log-level info client --config " + (d / "client-1.toml").string(),
+                          d / "client-1.log");
+  INFO(slurp(d / "agg.log"));
+  // Off the allow-list: refused with its name.
+  CHECK(wait_log("client-1 is not on the allow-list", seconds(30)));
+  REQUIRE(wait_log("round 2 closed", seconds(60)));  // client-0 trains
+
+  auto rev =
+      run("certs revoke --ca " + ca + " --cert " + (d / "client-0" / "client-0.crt").string());
+  INFO(rev.out);
+  REQUIRE(rev.rc == 0);
+  CHECK_THAT(rev.out, Catch::Contains("revoked") && Catch::Contains("CN=client-0"));
+  CHECK_THAT(rev.out, Catch::Contains("1 revoked certificate(s) (1 new)"));
+  const auto t0 = std::chrono::steady_clock::now();
+  agg.signal(SIGHUP);
+  REQUIRE(wait_log("closing the session of client-0", seconds(5)));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(took < seconds(1));
+  // Its reconnects now fail at the TLS handshake, the refusal naming it.
+  CHECK(wait_log("certificate revoked, CN=client-0", seconds(10)));
+  CHECK(agg.running());
+  // Revoking it again changes nothing.
+  auto again =
+      run("certs revoke --ca " + ca + " --cert " + (d / "client-0" / "client-0.crt").string());
+  CHECK_THAT(again.out, Catch::Contains("already revoked"));
+  CHECK_THAT(run("certs revoke --ca " + ca + " --serial XYZ").out,
+             Catch::Contains("not a hexadecimal number"));
 }

@@ -55,10 +55,10 @@ class LoopbackServer {
  public:
   LoopbackServer(asio::io_context& io, const net::TlsConfig& config,
                  net::ServerOptions options = {}) {
-    auto ctx = net::make_tls_context(config, net::TlsSide::kServer);
-    if (!ctx.ok()) throw std::runtime_error(ctx.status().to_string());
+    auto ctx_or = net::make_tls_context(config, net::TlsSide::kServer);
+    if (!ctx_or.ok()) throw std::runtime_error(ctx_or.status().to_string());
     auto s = net::Server::listen(
-        io, *ctx, std::move(options),
+        io, *ctx_or, std::move(options),
         [this](std::shared_ptr<net::Connection> c) {
           accepted.push_back(c);
           c->start(
@@ -76,10 +76,12 @@ class LoopbackServer {
         [this](const Status& st) { rejected.push_back(st); });
     if (!s.ok()) throw std::runtime_error(s.status().to_string());
     server = std::move(*s);
+    ctx = *ctx_or;
   }
 
   uint16_t port() const { return server->port(); }
 
+  std::shared_ptr<asio::ssl::context> ctx;  // the server's (net::reload_trust replaces its store)
   std::vector<std::shared_ptr<net::Connection>> accepted;
   std::vector<v1::Envelope> received;
   std::vector<Status> rejected;

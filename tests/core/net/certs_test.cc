@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 
@@ -48,6 +49,44 @@ TEST_CASE("a CA issues certificates that carry the node identity", "[net]") {
   auto key = key_from_pem(*key_pem);
   REQUIRE(key.ok());
   CHECK(EVP_PKEY_eq(key->get(), node->key.get()) == 1);
+}
+
+TEST_CASE("a CRL lists serials, survives PEM and refuses what is not hex", "[net]") {
+  auto ca = make_ca(spec("federation-1", CertRole::kCa));
+  REQUIRE(ca.ok());
+  auto a = issue_cert(*ca, spec("client-a", CertRole::kClient));
+  auto b = issue_cert(*ca, spec("client-b", CertRole::kClient));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  const std::string sa = cert_serial_hex(a->cert.get());
+  const std::string sb = cert_serial_hex(b->cert.get());
+  CHECK(sa != sb);
+  CHECK(sa.find_first_not_of("0123456789ABCDEF") == std::string::npos);
+  auto text = describe_cert(a->cert.get());
+  REQUIRE(text.ok());
+  CHECK_THAT(*text, Catch::Contains("serial:      " + sa));
+
+  auto crl = make_crl_for_serials(*ca, {sb, sa});
+  REQUIRE(crl.ok());
+  auto pem = crl_to_pem(crl->get());
+  REQUIRE(pem.ok());
+  auto back = crl_from_pem(*pem);
+  REQUIRE(back.ok());
+  auto listed = crl_serials(back->get());
+  std::sort(listed.begin(), listed.end());
+  std::vector<std::string> want = {sa, sb};
+  std::sort(want.begin(), want.end());
+  CHECK(listed == want);
+  // make_crl of certificates lists the same serials.
+  auto by_cert = make_crl(*ca, {a->cert.get()});
+  REQUIRE(by_cert.ok());
+  CHECK(crl_serials(by_cert->get()) == std::vector<std::string>{sa});
+  CHECK(crl_serials(make_crl_for_serials(*ca, {})->get()).empty());
+  for (const std::string bad : {"", "12G4", "-5", "0x12"}) {
+    auto r = make_crl_for_serials(*ca, {bad});
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(), Catch::Contains("not a hexadecimal number"));
+  }
 }
 
 TEST_CASE("bad certificate requests and input are errors", "[net]") {

@@ -9,7 +9,7 @@ namespace starling::net {
 namespace {
 
 TEST_CASE("a Hello must match the peer's certificate", "[net]") {
-  const PeerIdentity peer{"client-1", "client", {}, {}, "127.0.0.1:5000"};
+  const PeerIdentity peer{"client-1", "client", {}, {}, "127.0.0.1:5000", "1F"};
   v1::Hello hello = make_hello("client-1", v1::ROLE_CLIENT, {"int8_block", "topk"}, 1 << 20);
   CHECK(check_hello(hello, peer).ok());
 

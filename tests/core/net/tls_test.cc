@@ -193,6 +193,28 @@ TEST_CASE("certificate problems are rejected with a clear error", "[net]") {
     REQUIRE(ok_conn.ok());
     REQUIRE(run_until(io, kWait, [&] { return server.accepted.size() == 1; }));
   }
+  SECTION("a CRL reloaded while serving refuses a certificate that was accepted before") {
+    auto server_config = config_of(fed.pki, fed.server);
+    LoopbackServer server(io, server_config, fast_server());
+    auto first = connect_now(io, config_of(fed.pki, fed.client), server.port());
+    REQUIRE(first.ok());
+    REQUIRE(run_until(io, kWait, [&] { return server.accepted.size() == 1; }));
+    CHECK(server.accepted[0]->peer().serial == net::cert_serial_hex(fed.client.cert.get()));
+    server_config.crl_pem = fed.pki.crl_pem({&fed.client});
+    REQUIRE(net::reload_trust(*server.ctx, server_config).ok());
+    auto second = connect_now(io, config_of(fed.pki, fed.client), server.port());
+    REQUIRE(run_until(io, kWait, [&] { return server.rejected.size() == 1; }));
+    // The error names who was refused, though OpenSSL keeps no peer certificate then.
+    CHECK_THAT(server.rejected[0].message(),
+               Contains("certificate revoked") && Contains("CN=client-1"));
+    // A malformed list is refused and the store in force stays.
+    server_config.crl_pem = "-----BEGIN X509 CRL-----\ngarbage\n-----END X509 CRL-----\n";
+    CHECK_FALSE(net::reload_trust(*server.ctx, server_config).ok());
+    TestNode good = fed.pki.issue("client-2", CertRole::kClient);
+    auto ok_conn = connect_now(io, config_of(fed.pki, good), server.port());
+    REQUIRE(ok_conn.ok());
+    REQUIRE(run_until(io, kWait, [&] { return server.accepted.size() == 2; }));
+  }
   SECTION("missing client certificate") {
     LoopbackServer server(io, config_of(fed.pki, fed.server), fast_server());
     auto ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
