@@ -2,6 +2,8 @@
 // unique id exchanged through a ThreadGroup; exact inputs, so results are asserted bit-exact.
 // Compiled to nothing where CMake found no NCCL (no starling_core_comm_nccl target).
 #if defined(STARLING_HAVE_NCCL)
+#include <nccl.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <thread>
@@ -61,6 +63,26 @@ TEST_CASE("NCCL all_reduce, broadcast, all_gather with one rank per GPU", "[cuda
       REQUIRE(std::equal(sum[r].begin(), sum[r].end(), gathered[r].begin() + k * sum[r].size()));
     }
   }
+}
+
+TEST_CASE("NCCL: a rank that never joins makes the others fail by the deadline", "[cuda]") {
+  STARLING_REQUIRE_GPU();
+  ThreadGroup group(2, std::chrono::milliseconds(60000));
+  // Rank 1 takes part in the unique-id exchange (the bootstrap), then never joins NCCL.
+  std::thread missing([&] {
+    auto boot = group.communicator(1);
+    std::vector<float> id(sizeof(ncclUniqueId) / sizeof(float));
+    (void)boot->broadcast(id, 0);
+  });
+  auto boot = group.communicator(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto comm = NcclCommunicator::create(*boot, 0, std::chrono::milliseconds(3000));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  missing.join();
+  REQUIRE_FALSE(comm.ok());
+  CHECK(comm.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(comm.status().message(), Catch::Contains("missing") && Catch::Contains("rank 0 of 2"));
+  CHECK(took < std::chrono::seconds(20));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // are found (target starling_core_comm_nccl); spans passed to it are device memory.
 #pragma once
 
+#include <chrono>
 #include <memory>
 
 #include "core/comm/communicator.h"
@@ -17,8 +18,13 @@ class NcclCommunicator final : public Communicator {
  public:
   // Joins an NCCL group of `bootstrap.size()` ranks on CUDA device `device`: rank 0 makes the
   // unique id and broadcasts it through `bootstrap` (e.g. a ThreadGroup communicator), then
-  // every rank calls ncclCommInitRank. bootstrap's rank and size become this one's.
-  static Result<std::unique_ptr<NcclCommunicator>> create(Communicator& bootstrap, int device);
+  // every rank joins a non-blocking NCCL communicator. bootstrap's rank and size become this
+  // one's. `timeout` bounds the join and every collective: a rank that is missing (crashed,
+  // never called) makes the others fail with DeadlineExceeded naming the collective, after
+  // which the communicator is aborted and every later call fails at once (never a hang).
+  static Result<std::unique_ptr<NcclCommunicator>> create(
+      Communicator& bootstrap, int device,
+      std::chrono::milliseconds timeout = std::chrono::milliseconds(60'000));
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -34,6 +40,8 @@ class NcclCommunicator final : public Communicator {
   struct State;
   NcclCommunicator(int rank, int size, std::unique_ptr<State> state);
   Status finish(const char* what, int nccl_result);
+  // The first error (a timeout, a peer's failure) breaks the communicator for good.
+  Status broken_;
 
   int rank_ = 0;
   int size_ = 1;
