@@ -7,6 +7,7 @@
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <cmath>
+#include <csignal>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -148,6 +149,18 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   uint64_t dispatches = 0;
 
   bool async() const { return options.buffer_size > 0; }
+
+  // options.crash_point: a real SIGKILL of this process, at the named stage of a round.
+  // `in_round`: the round the stage belongs to (default: the one in progress).
+  void crash_point(std::string_view stage, uint64_t in_round = 0) const {
+    if (options.crash_point.empty()) return;
+    if (in_round == 0) in_round = round + 1;
+    if (options.crash_point == std::string(stage) + "@" + std::to_string(in_round)) {
+      spdlog::warn("aggregator: crash point {}: SIGKILL", options.crash_point);
+      spdlog::default_logger()->flush();
+      std::raise(SIGKILL);
+    }
+  }
 
   Status resume() {
     if (options.state_dir.empty()) return ok_status();
@@ -421,6 +434,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
         std::swap(idle[i], idle[j]);
       }
     }
+    crash_point("selecting");
     // Under DP the round waits for every client drawn (their number is random).
     target = static_cast<int>(accountant ? pick : want);
     selected = static_cast<int>(pick);
@@ -611,6 +625,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
                                                " sent before the upload was granted its turn"));
     }
     s.last_progress = Clock::now();
+    if (bytes_in == 0 && c.index() == 0) crash_point("collecting");
     const Status st = s.rx->accept(c);
     if (options.monitor) options.monitor->bytes_received(c.data().size());
     if (st.code() == StatusCode::kDataLoss) {
@@ -644,6 +659,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     }
     st = accumulator.fold_bytes(payload, s.weight);
     if (!st.ok()) return reject_update(s, st);
+    crash_point("folding");
     s.submitted = true;
     if (async()) {
       s.selected = false;
@@ -741,6 +757,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       report.excluded = accumulator.excluded();
     }
     optimizer.apply(global, delta);
+    crash_point("stepped");
     ++round;
     ++version;
     attempt = 0;
@@ -752,7 +769,9 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       st.global = global;
       for (auto& [name, slot] : optimizer.slots()) st.slots.emplace_back(name, *slot);
       if (accountant) st.dp_rdp.assign(accountant->rdp().begin(), accountant->rdp().end());
-      const Status saved = save_round_state(options.state_dir, layout, st);
+      const Status saved = save_round_state(options.state_dir, layout, st,
+                                            [this] { crash_point("writing", round); });
+      crash_point("closed", round);
       if (!saved.ok()) {
         error = saved.with_context("checkpoint after round " + std::to_string(round));
         spdlog::error("aggregator: {}", error.to_string());

@@ -62,6 +62,13 @@ struct AggregatorOptions {
   // accountant assumes). REQUIRES: rule.rule == kMean and buffer_size == 0 (create() checks).
   DpOptions dp;
   AccessPolicy access;  // replaced while running by Aggregator::set_access
+  // Fault injection for crash tests: "STAGE@ROUND" makes the process SIGKILL itself at that
+  // stage of that (1-based) round: selecting (clients chosen, no plan sent), collecting (the
+  // round's first upload chunk received), folding (an update folded, the round still open),
+  // stepped (the global model stepped, nothing written), writing (the global model file written,
+  // the round state not), closed (the round state written, the round hook not run). Empty:
+  // none. `starling aggregator` reads it from $STARLING_CRASH_POINT.
+  std::string crash_point;
   // True in simulations (`starling aggregator --simulate`, `starling simulate`): only then may
   // dp.simulation_seed make the DP randomness reproducible.
   bool simulation = false;

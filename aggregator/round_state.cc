@@ -62,7 +62,7 @@ Result<uint64_t> parse_u64(const std::map<std::string, std::string>& md, const s
 }  // namespace
 
 Status save_round_state(const fs::path& dir, const compress::Layout& layout,
-                        const RoundState& state) {
+                        const RoundState& state, const std::function<void()>& between_files) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec)
@@ -72,6 +72,7 @@ Status save_round_state(const fs::path& dir, const compress::Layout& layout,
                       dir / kModelFile, sd,
                       {{"round", std::to_string(state.round)}, {"format", "starling-federation"}}),
                   "saving the global model");
+  if (between_files) between_files();
   const int64_t numel = static_cast<int64_t>(state.global.size());
   for (const auto& [name, values] : state.slots) {
     sd.emplace_back(kSlotPrefix + name, flat_tensor(values, 0, {numel}));

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,9 +32,10 @@ inline constexpr const char* kModelFile = "global_model.safetensors";  // model 
 
 // Writes <dir>/global_model.safetensors (the model with its tensor names) and then
 // <dir>/state.safetensors (model, "server_opt.<slot>" tensors, metadata round, model_version,
-// strategy, sha256). Creates `dir` if needed.
+// strategy, sha256). Creates `dir` if needed. `between_files` runs after the global model is
+// written and before the state (crash tests kill the process there).
 Status save_round_state(const std::filesystem::path& dir, const compress::Layout& layout,
-                        const RoundState& state);
+                        const RoundState& state, const std::function<void()>& between_files = {});
 
 // Reads <dir>/state.safetensors. NotFound when there is none (a fresh run); DataLoss when the
 // checksum or the metadata is wrong; InvalidArgument when the tensors do not match `layout`.

@@ -5,6 +5,7 @@
 
 #include <asio/io_context.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -102,6 +103,9 @@ Status run_aggregator(const AggregatorArgs& args) {
   const auto layout = task ? task->layout() : edge_client::layout_of(*model);
   auto options = aggregator::aggregator_options(cfg);
   options.simulation = args.simulate;
+  if (const char* crash = std::getenv("STARLING_CRASH_POINT"); crash && *crash) {
+    options.crash_point = crash;  // crash tests only (AggregatorOptions::crash_point)
+  }
   const std::string metrics_path = cfg.server().metrics_path().empty()
                                        ? cfg.server().state_dir() + "/metrics.jsonl"
                                        : cfg.server().metrics_path();

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/testing/child_process.h"
 
@@ -221,4 +222,93 @@ TEST_CASE("cli: allow-list and `certs revoke` + SIGHUP refuse clients of a live 
   CHECK_THAT(again.out, Catch::Contains("already revoked"));
   CHECK_THAT(run("certs revoke --ca " + ca + " --serial XYZ").out,
              Catch::Contains("not a hexadecimal number"));
+}
+
+// Writes a CA, an aggregator and `clients` client certificates under `d`, and the configs of a
+// federation on `port` (agg.toml, client-K.toml) with `common` keys.
+void write_federation(const fs::path& d, int port, int clients, const std::string& common) {
+  const std::string ca = (d / "ca").string();
+  REQUIRE(run("certs init-ca --out " + ca + " --name crash-test").rc == 0);
+  REQUIRE(run("certs issue --ca " + ca +
+              " --name aggregator --role server --san DNS:localhost,IP:127.0.0.1 --out " +
+              (d / "agg").string())
+              .rc == 0);
+  std::ofstream(d / "agg.toml") << "[tls]\nca = \"" << (d / "agg" / "ca.crt").string()
+                                << "\"\ncert = \"" << (d / "agg" / "aggregator.crt").string()
+                                << "\"\nkey = \"" << (d / "agg" / "aggregator.key").string()
+                                << "\"\n[server]\nport = " << port << "\nstate_dir = \""
+                                << (d / "state").string() << "\"\n"
+                                << common;
+  for (int k = 0; k < clients; ++k) {
+    const std::string name = "client-" + std::to_string(k);
+    const fs::path dir = d / name;
+    REQUIRE(
+        run("certs issue --ca " + ca + " --name " + name + " --role client --out " + dir.string())
+            .rc == 0);
+    std::ofstream(d / (name + ".toml"))
+        << "[tls]\nca = \"" << (dir / "ca.crt").string() << "\"\ncert = \""
+        << (dir / (name + ".crt")).string() << "\"\nkey = \"" << (dir / (name + ".key")).string()
+        << "\"\n"
+        << common << "[client]\nserver_port = " << port << "\nserver_name = \"localhost\"\n"
+        << "partition_index = " << k << "\nbackoff_max_ms = 200\nstate_path = \"none\"\n";
+  }
+}
+
+TEST_CASE("cli: SIGKILL of the aggregator at every stage of a round, ten times, loses nothing",
+          "[apps]") {
+  const std::string common =
+      "[rounds]\nnum_rounds = 6\nclients_per_round = 1\nmin_available = 2\n"
+      "round_deadline_ms = 20000\nseed = 3\n"
+      "[local]\nepochs = 1\nlocal_steps = 3\nbatch_size = 10\nlearning_rate = 0.05\n"
+      "[data]\ndataset = \"mnist\"\nnum_clients = 20\npartition = \"IID\"\n"
+      "[model]\nhidden = 16\n[eval]\nevery_rounds = 0\n";
+  // One federation run: aggregator restarted after each crash point, clients kept running.
+  auto federate = [&](const std::string& name, const std::vector<std::string>& crashes) {
+    const fs::path d = fs::temp_directory_path() / name;
+    fs::create_directories(d);
+    const int port = 20000 + static_cast<int>((getpid() * 7 + name.size() * 131) % 20000);
+    write_federation(d, port, 2, common);
+    std::vector<ChildProcess> clients;
+    for (int k = 0; k < 2; ++k) {
+      clients.push_back(spawn("--log-level info client --config " +
+                                  (d / ("client-" + std::to_string(k) + ".toml")).string(),
+                              d / ("client-" + std::to_string(k) + ".log")));
+    }
+    const std::string agg_args =
+        "--log-level info aggregator --config " + (d / "agg.toml").string();
+    for (size_t i = 0; i <= crashes.size(); ++i) {
+      const bool last = i == crashes.size();
+      const std::string env = last ? "" : "env STARLING_CRASH_POINT=" + crashes[i] + " ";
+      ChildProcess agg = ChildProcess::shell(env + kBinary + " " + agg_args + " >>" +
+                                             (d / "agg.log").string() + " 2>&1");
+      const int rc = agg.wait_or_kill(seconds(60));
+      INFO(name << ": run " << i << (last ? " (to the end)" : ", crash point " + crashes[i]) << "\n"
+                << slurp(d / "agg.log"));
+      if (last) {
+        REQUIRE(rc == 0);
+      } else {
+        REQUIRE(rc == -1);  // killed by itself at the crash point, not finished
+        REQUIRE(agg.term_signal() == SIGKILL);
+      }
+    }
+    for (auto& c : clients) CHECK(c.wait_or_kill(seconds(30)) == 0);
+    const std::string log = slurp(d / "agg.log");
+    size_t kills = 0;
+    size_t resumes = 0;
+    for (size_t at = 0; (at = log.find("SIGKILL", at)) != std::string::npos; ++at) ++kills;
+    for (size_t at = 0; (at = log.find("resumed from", at)) != std::string::npos; ++at) ++resumes;
+    CHECK(kills == crashes.size());
+    // Every restart after a round was checkpointed resumes from it.
+    if (!crashes.empty()) CHECK(resumes + 2 >= crashes.size());
+    CHECK_THAT(log, Catch::Contains("federation complete after 6 rounds"));
+    return slurp(d / "state" / "global_model.safetensors");
+  };
+  const std::string reference = federate("uninterrupted", {});
+  REQUIRE(reference.size() > 1000);
+  const std::vector<std::string> crashes = {
+      "selecting@1", "collecting@1", "folding@2",    "stepped@2", "writing@3",
+      "closed@3",    "selecting@4",  "collecting@5", "writing@5", "stepped@6"};
+  const std::string crashed = federate("crashed", crashes);
+  CHECK(crashed.size() == reference.size());
+  CHECK(crashed == reference);  // bit for bit
 }
