@@ -44,12 +44,17 @@ std::string slurp(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// True when `file` is in the data directory the children will use: $STARLING_DATA_DIR, else
+// ../shared/data, else the small cut that ships in tests/fixtures/data (then exported, so a
+// bare clone runs these tests too).
 bool have_data(const char* file) {
   const char* env = std::getenv("STARLING_DATA_DIR");
-  const fs::path dir =
-      env && *env ? fs::path(env) : fs::path(STARLING_SOURCE_DIR) / "../shared/data";
   std::error_code ec;
-  return fs::exists(dir / file, ec);
+  if (env && *env) return fs::exists(fs::path(env) / file, ec);
+  if (fs::exists(fs::path(STARLING_SOURCE_DIR) / "../shared/data" / file, ec)) return true;
+  const fs::path fixtures = fs::path(STARLING_SOURCE_DIR) / "tests/fixtures/data";
+  ::setenv("STARLING_DATA_DIR", fixtures.c_str(), 1);
+  return fs::exists(fixtures / file, ec);
 }
 
 }  // namespace

@@ -21,6 +21,9 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kBinary = std::string(STARLING_BINARY_DIR) + "/apps/starling";
+// The small cut of MNIST that ships in the repository: these tests run from a bare clone.
+const std::string kFixtureData =
+    "data_dir = \"" + std::string(STARLING_SOURCE_DIR) + "/tests/fixtures/data\"\n";
 
 using starling::testing::ChildProcess;
 using std::chrono::seconds;
@@ -62,8 +65,8 @@ TEST_CASE("cli: client --check, SIGKILL during training, restart and rejoin", "[
       "round_deadline_ms = 5000\n"
       "[local]\nepochs = 1\nlocal_steps = 1500\nbatch_size = 10\nlearning_rate = 0.05\n"
       "codec = \"topk:ratio=0.05,ef=1\"\n"
-      "[data]\ndataset = \"mnist\"\nnum_clients = 20\npartition = \"IID\"\n"
-      "[model]\nhidden = 32\n[eval]\nevery_rounds = 0\n";
+      "[data]\ndataset = \"mnist\"\nnum_clients = 20\npartition = \"IID\"\n" +
+      kFixtureData + "[model]\nhidden = 32\n[eval]\nevery_rounds = 0\n";
   std::ofstream(d / "agg.toml") << "[tls]\nca = \"" << (d / "agg" / "ca.crt").string()
                                 << "\"\ncert = \"" << (d / "agg" / "aggregator.crt").string()
                                 << "\"\nkey = \"" << (d / "agg" / "aggregator.key").string()
@@ -159,8 +162,8 @@ TEST_CASE("cli: allow-list and `certs revoke` + SIGHUP refuse clients of a live 
       "[rounds]\nnum_rounds = 1000\nclients_per_round = 1\nmin_available = 1\n"
       "round_deadline_ms = 5000\n"
       "[local]\nepochs = 1\nlocal_steps = 2\nbatch_size = 10\nlearning_rate = 0.05\n"
-      "[data]\ndataset = \"mnist\"\nnum_clients = 20\npartition = \"IID\"\n"
-      "[model]\nhidden = 16\n[eval]\nevery_rounds = 0\n";
+      "[data]\ndataset = \"mnist\"\nnum_clients = 20\npartition = \"IID\"\n" +
+      kFixtureData + "[model]\nhidden = 16\n[eval]\nevery_rounds = 0\n";
   std::ofstream(d / "agg.toml") << "[tls]\nca = \"" << (d / "agg" / "ca.crt").string()
                                 << "\"\ncert = \"" << (d / "agg" / "aggregator.crt").string()
                                 << "\"\nkey = \"" << (d / "agg" / "aggregator.key").string()
@@ -260,8 +263,8 @@ TEST_CASE("cli: SIGKILL of the aggregator at every stage of a round, ten times, 
       "[rounds]\nnum_rounds = 6\nclients_per_round = 1\nmin_available = 2\n"
       "round_deadline_ms = 20000\nseed = 3\n"
       "[local]\nepochs = 1\nlocal_steps = 3\nbatch_size = 10\nlearning_rate = 0.05\n"
-      "[data]\ndataset = \"mnist\"\nnum_clients = 20\npartition = \"IID\"\n"
-      "[model]\nhidden = 16\n[eval]\nevery_rounds = 0\n";
+      "[data]\ndataset = \"mnist\"\nnum_clients = 20\npartition = \"IID\"\n" +
+      kFixtureData + "[model]\nhidden = 16\n[eval]\nevery_rounds = 0\n";
   // One federation run: aggregator restarted after each crash point, clients kept running.
   auto federate = [&](const std::string& name, const std::vector<std::string>& crashes) {
     const fs::path d = fs::temp_directory_path() / name;
