@@ -1,10 +1,8 @@
 // The allow-list and the revocation list of a running aggregator.
 #include "aggregator/access.h"
 
-#include <openssl/x509.h>
 #include <spdlog/spdlog.h>
 
-#include <csignal>
 #include <fstream>
 
 #include "core/net/certs.h"
@@ -44,38 +42,11 @@ Result<AccessPolicy> access_policy(const v1::FederationConfig& cfg, const std::s
     p.allowed.insert(names.begin(), names.end());
   }
   if (!crl_pem.empty()) {
-    const std::string where = "revocation list " + cfg.tls().crl();
-    ASSIGN_OR_RETURN(net::X509CrlPtr crl, net::crl_from_pem(crl_pem), where);
-    ASSIGN_OR_RETURN(auto cas, net::certs_from_pem(ca_pem), "CA certificate");
-    bool signed_by_ca = false;
-    for (const auto& ca : cas) {
-      if (X509_CRL_verify(crl.get(), X509_get0_pubkey(ca.get())) == 1) signed_by_ca = true;
-    }
-    net::drain_openssl_errors();
-    if (!signed_by_ca) return invalid_argument(where + " is not signed by the federation CA");
-    for (auto& serial : net::crl_serials(crl.get())) p.revoked.insert(std::move(serial));
+    ASSIGN_OR_RETURN(auto serials, net::verified_crl_serials(crl_pem, ca_pem,
+                                                             "revocation list " + cfg.tls().crl()));
+    p.revoked.insert(serials.begin(), serials.end());
   }
   return p;
-}
-
-AccessWatcher::AccessWatcher(asio::io_context& io, v1::FederationConfig cfg, net::TlsConfig tls,
-                             std::shared_ptr<asio::ssl::context> ctx, Apply apply)
-    : cfg_(std::move(cfg)),
-      tls_(std::move(tls)),
-      ctx_(std::move(ctx)),
-      apply_(std::move(apply)),
-      hup_(io, SIGHUP),
-      timer_(io) {
-  for (const std::string& path : {cfg_.tls().crl(), cfg_.server().allowed_clients_file()}) {
-    if (!path.empty()) files_.emplace_back(path, stamp_of(path));
-  }
-}
-
-AccessWatcher::~AccessWatcher() {
-  *alive_ = false;
-  asio::error_code ignored;
-  hup_.cancel(ignored);
-  timer_.cancel();
 }
 
 Result<std::unique_ptr<AccessWatcher>> AccessWatcher::start(asio::io_context& io,
@@ -84,22 +55,14 @@ Result<std::unique_ptr<AccessWatcher>> AccessWatcher::start(asio::io_context& io
                                                             std::shared_ptr<asio::ssl::context> ctx,
                                                             Apply apply) {
   std::unique_ptr<AccessWatcher> w(
-      new AccessWatcher(io, cfg, std::move(tls), std::move(ctx), std::move(apply)));
+      new AccessWatcher(cfg, std::move(tls), std::move(ctx), std::move(apply)));
   ASSIGN_OR_RETURN(AccessPolicy policy, access_policy(w->cfg_, w->tls_.ca_pem, w->tls_.crl_pem));
   w->apply_(std::move(policy));
-  w->watch_signal();
-  w->poll();
+  w->watch_ = std::make_unique<net::ReloadWatch>(
+      io, "aggregator access",
+      std::vector<std::string>{cfg.tls().crl(), cfg.server().allowed_clients_file()},
+      [self = w.get()](const std::string&) { return self->reload(); });
   return w;
-}
-
-AccessWatcher::Stamp AccessWatcher::stamp_of(const std::string& path) {
-  std::error_code ec;
-  Stamp s;
-  s.mtime = std::filesystem::last_write_time(path, ec);
-  if (ec) return s;
-  s.size = std::filesystem::file_size(path, ec);
-  s.exists = !ec;
-  return s;
 }
 
 Status AccessWatcher::reload() {
@@ -116,40 +79,6 @@ Status AccessWatcher::reload() {
                                  : std::string("any client of the CA"));
   apply_(std::move(policy));
   return ok_status();
-}
-
-void AccessWatcher::watch_signal() {
-  hup_.async_wait([this, alive = alive_](const asio::error_code& ec, int) {
-    if (ec || !*alive) return;
-    spdlog::info("aggregator: SIGHUP: reloading the allow-list and the revocation list");
-    if (const Status st = reload(); !st.ok()) {
-      spdlog::error("aggregator: reload refused, the previous access policy stays: {}",
-                    st.to_string());
-    }
-    watch_signal();
-  });
-}
-
-void AccessWatcher::poll() {
-  timer_.expires_after(std::chrono::seconds(1));
-  timer_.async_wait([this, alive = alive_](const asio::error_code& ec) {
-    if (ec || !*alive) return;
-    bool changed = false;
-    for (auto& [path, stamp] : files_) {
-      const Stamp now = stamp_of(path);
-      if (!(now == stamp)) {
-        stamp = now;
-        changed = true;
-      }
-    }
-    if (changed) {
-      if (const Status st = reload(); !st.ok()) {
-        spdlog::error("aggregator: reload refused, the previous access policy stays: {}",
-                      st.to_string());
-      }
-    }
-    poll();
-  });
 }
 
 }  // namespace starling::aggregator

@@ -6,16 +6,14 @@
 #pragma once
 
 #include <asio/io_context.hpp>
-#include <asio/signal_set.hpp>
 #include <asio/ssl/context.hpp>
-#include <asio/steady_timer.hpp>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "aggregator/aggregator.h"
+#include "core/net/reload_watch.h"
 #include "core/net/tls.h"
 #include "core/util/status.h"
 #include "core/wire/federation.pb.h"
@@ -35,41 +33,32 @@ Result<AccessPolicy> access_policy(const v1::FederationConfig& cfg, const std::s
 class AccessWatcher {
  public:
   using Apply = std::function<void(AccessPolicy)>;
-  // Loads the policy and applies it once (apply, and the CRL into `ctx`), then watches.
-  // `tls` is the server's TLS config (its CA and CRL are read again on reload).
+  // Loads the policy and applies it once, then watches (net::ReloadWatch). `tls` is the
+  // server's TLS config (its CRL is read again on reload); `ctx` gets the new trust store.
   static Result<std::unique_ptr<AccessWatcher>> start(asio::io_context& io,
                                                       const v1::FederationConfig& cfg,
                                                       net::TlsConfig tls,
                                                       std::shared_ptr<asio::ssl::context> ctx,
                                                       Apply apply);
-  ~AccessWatcher();
   // Reloads now (what SIGHUP and a file change do). On error (a CRL half written, a bad name)
   // the previous policy stays in force and the error names the file.
   Status reload();
   uint64_t reloads() const { return reloads_; }
 
  private:
-  AccessWatcher(asio::io_context& io, v1::FederationConfig cfg, net::TlsConfig tls,
-                std::shared_ptr<asio::ssl::context> ctx, Apply apply);
-  struct Stamp {
-    bool exists = false;
-    std::filesystem::file_time_type mtime{};
-    uintmax_t size = 0;
-    bool operator==(const Stamp&) const = default;
-  };
-  static Stamp stamp_of(const std::string& path);
-  void watch_signal();
-  void poll();
+  AccessWatcher(v1::FederationConfig cfg, net::TlsConfig tls,
+                std::shared_ptr<asio::ssl::context> ctx, Apply apply)
+      : cfg_(std::move(cfg)),
+        tls_(std::move(tls)),
+        ctx_(std::move(ctx)),
+        apply_(std::move(apply)) {}
 
   v1::FederationConfig cfg_;
   net::TlsConfig tls_;
   std::shared_ptr<asio::ssl::context> ctx_;
   Apply apply_;
-  asio::signal_set hup_;
-  asio::steady_timer timer_;
-  std::vector<std::pair<std::string, Stamp>> files_;
   uint64_t reloads_ = 0;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::unique_ptr<net::ReloadWatch> watch_;
 };
 
 }  // namespace starling::aggregator

@@ -997,5 +997,19 @@ uint64_t Peer::rounds_completed() const { return impl_->round; }
 std::vector<std::string> Peer::live_members() const { return impl_->membership->live_ids(); }
 std::span<const float> Peer::params() const { return impl_->node->params(); }
 uint64_t Peer::bytes_sent() const { return impl_->bytes; }
+size_t Peer::drop_revoked(const std::set<std::string>& serials) {
+  std::vector<std::shared_ptr<Link>> revoked;
+  for (const auto& [id, link] : impl_->links) {
+    if (serials.count(link->conn->peer().serial)) revoked.push_back(link);
+  }
+  for (const auto& link : impl_->pending) {
+    if (serials.count(link->conn->peer().serial)) revoked.push_back(link);
+  }
+  for (const auto& link : revoked) {
+    impl_->drop(link, permission_denied("certificate " + link->conn->peer().serial + " of " +
+                                        link->conn->peer().node_id + " is revoked"));
+  }
+  return revoked.size();
+}
 
 }  // namespace starling::gossip

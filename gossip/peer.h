@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -95,6 +96,10 @@ class Peer {
   std::vector<std::string> live_members() const;
   std::span<const float> params() const;
   uint64_t bytes_sent() const;
+  // Drops at once every link (registered or awaiting its Hello) whose peer certificate has one
+  // of these serials (upper-case hex): after a CRL reload, revoked peers are cut off without
+  // waiting for their next handshake. Returns how many were dropped.
+  size_t drop_revoked(const std::set<std::string>& serials);
 
   struct Impl;
 

@@ -9,10 +9,13 @@
 #include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "apps/starling/commands.h"
 #include "core/net/certs.h"
+#include "core/net/reload_watch.h"
 #include "core/net/tls.h"
 #include "core/util/rng.h"
 #include "gossip/task.h"
@@ -146,6 +149,28 @@ Status run_peer(const PeerArgs& args) {
     RETURN_IF_ERROR(
         net::write_file(cfg.peer().port_file(), std::to_string(peer->port()) + "\n", 0644),
         "peer.port_file");
+  }
+  // The CRL ([tls] crl) is reloaded on SIGHUP and when the file changes: new handshakes
+  // (accepted and dialed) verify against it, and links to revoked peers are dropped at once.
+  std::unique_ptr<net::ReloadWatch> crl_watch;
+  if (!cfg.tls().crl().empty()) {
+    crl_watch = std::make_unique<net::ReloadWatch>(
+        io, "peer " + node_id, std::vector<std::string>{cfg.tls().crl()},
+        [&](const std::string&) -> Status {
+          net::TlsConfig next = tls;
+          ASSIGN_OR_RETURN(next.crl_pem, net::read_file(cfg.tls().crl()), "revocation list");
+          ASSIGN_OR_RETURN(auto serials,
+                           net::verified_crl_serials(next.crl_pem, next.ca_pem,
+                                                     "revocation list " + cfg.tls().crl()));
+          RETURN_IF_ERROR(net::reload_trust(*server_ctx, next));
+          RETURN_IF_ERROR(net::reload_trust(*client_ctx, next));
+          tls = std::move(next);
+          const size_t dropped =
+              peer->drop_revoked(std::set<std::string>(serials.begin(), serials.end()));
+          spdlog::info("peer {}: revocation list reloaded: {} revoked, {} link(s) dropped", node_id,
+                       serials.size(), dropped);
+          return ok_status();
+        });
   }
   peer->start();
   while (!peer->done()) {

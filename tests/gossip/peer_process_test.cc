@@ -73,6 +73,7 @@ bool wait_until(milliseconds deadline, const std::function<bool()>& done) {
 struct Federation {
   fs::path dir;
   int n;
+  std::string crl;  // [tls] crl of every peer, when set
 
   Federation(const std::string& name, int peers) : n(peers) {
     dir = fs::temp_directory_path() / ("starling_gossip_" + name + "_" + std::to_string(getpid()));
@@ -100,6 +101,7 @@ struct Federation {
       f << "[tls]\nca = \"" << (dir / "certs" / "ca.crt").string() << "\"\ncert = \""
         << (dir / "certs" / (id(i) + ".crt")).string() << "\"\nkey = \""
         << (dir / "certs" / (id(i) + ".key")).string() << "\"\n"
+        << (crl.empty() ? std::string() : "crl = \"" + crl + "\"\n")
         << "[peer]\nlisten_port = 0\nheartbeat_ms = 100\nfail_timeout_ms = 1200\n"
         << "round_timeout_ms = 5000\nlinger_ms = 600\nmin_peers = " << n
         << "\npartition_index = " << i << "\nmetrics_path = \"" << jsonl(i).string() << "\"\n"
@@ -199,4 +201,40 @@ TEST_CASE("peer processes: a killed peer is dropped, and restarted it rejoins an
   }
   // The survivors and the rejoined peer agree (the killed peer's share of the mass left with it).
   REQUIRE(hi - lo < 1e-3);
+}
+
+TEST_CASE("peer processes: a peer revoked with `starling certs revoke` is cut off",
+          "[gossip][net]") {
+  Federation fed("revoke", 3);
+  REQUIRE(run({"certs", "revoke", "--ca", (fed.dir / "ca").string()}, fed.dir / "certs.log") == 0);
+  fed.crl = (fed.dir / "ca" / "crl.pem").string();
+  std::vector<ChildProcess> pids;
+  pids.push_back(fed.start_seed("round_interval_ms = 60\n", 400));
+  for (int i = 1; i < 3; ++i) {
+    pids.push_back(spawn({"peer", "-c", fed.config(i).string()}, fed.log(i)));
+  }
+  auto live = [&](int i) {
+    const auto m = metrics(fed.jsonl(i));
+    return m.empty() ? 0 : m.back()["live_members"].get<int>();
+  };
+  INFO("peer-0 log:\n" << slurp(fed.log(0)));
+  REQUIRE(wait_until(milliseconds(20000), [&] { return live(0) == 3 && live(1) == 3; }));
+  REQUIRE(run({"certs", "revoke", "--ca", (fed.dir / "ca").string(), "--cert",
+               (fed.dir / "certs" / "peer-2.crt").string()},
+              fed.dir / "certs.log") == 0);
+  pids[0].signal(SIGHUP);  // peer-1 notices the file change by itself
+  REQUIRE(wait_until(milliseconds(5000), [&] {
+    return slurp(fed.log(0)).find("revocation list reloaded: 1 revoked") != std::string::npos &&
+           slurp(fed.log(1)).find("revocation list reloaded: 1 revoked") != std::string::npos;
+  }));
+  // The revoked peer is dropped and cannot come back: its handshakes now fail.
+  REQUIRE(wait_until(milliseconds(10000), [&] { return live(0) == 2 && live(1) == 2; }));
+  std::this_thread::sleep_for(milliseconds(1500));
+  CHECK(live(0) == 2);
+  CHECK(live(1) == 2);
+  const std::string log0 = slurp(fed.log(0)) + slurp(fed.log(1));
+  CHECK_THAT(log0, Catch::Contains("of peer-2 is revoked") ||
+                       Catch::Contains("certificate revoked, CN=peer-2"));
+  CHECK(pids[0].running());
+  CHECK(pids[1].running());
 }
