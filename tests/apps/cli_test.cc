@@ -16,11 +16,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using Run = starling::testing::CommandResult;
-
-Run run(const std::string& args) {
-  return starling::testing::run_shell(std::string(STARLING_BINARY_DIR) +
-                                      "/apps/starling --log-level warn " + args);
-}
+constexpr auto run = starling::testing::run_starling;
 
 fs::path temp_dir(const std::string& name) {
   const fs::path d =

@@ -19,20 +19,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kBinary = std::string(STARLING_BINARY_DIR) + "/apps/starling";
-
 using starling::testing::ChildProcess;
-
 using Run = starling::testing::CommandResult;
-
-Run run(const std::string& args) {
-  return starling::testing::run_shell(kBinary + " --log-level warn " + args);
-}
-
-// `starling ARGS` with its output in `log`; killed and reaped with its owner.
-ChildProcess spawn(const std::string& args, const fs::path& log) {
-  return ChildProcess::shell(kBinary + " " + args + " >" + log.string() + " 2>&1");
-}
+constexpr auto run = starling::testing::run_starling;
+constexpr auto spawn = starling::testing::spawn_starling;
 
 // The child's exit code after at most `seconds`; -2 if it was still running (then killed).
 int wait_for(ChildProcess& child, int seconds) {

@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kBinary = std::string(STARLING_BINARY_DIR) + "/apps/starling";
+const std::string& kBinary = starling::testing::starling_binary();
 // The small cut of MNIST that ships in the repository: these tests run from a bare clone.
 const std::string kFixtureData =
     "data_dir = \"" + std::string(STARLING_SOURCE_DIR) + "/tests/fixtures/data\"\n";
@@ -29,15 +29,8 @@ using starling::testing::ChildProcess;
 using std::chrono::seconds;
 
 using Run = starling::testing::CommandResult;
-
-Run run(const std::string& args) {
-  return starling::testing::run_shell(kBinary + " --log-level warn " + args);
-}
-
-// A child process running `starling ARGS`, output to `log`; killed and reaped with its owner.
-ChildProcess spawn(const std::string& args, const fs::path& log) {
-  return ChildProcess::shell(kBinary + " " + args + " >" + log.string() + " 2>&1");
-}
+constexpr auto run = starling::testing::run_starling;
+constexpr auto spawn = starling::testing::spawn_starling;
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p);

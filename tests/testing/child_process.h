@@ -69,4 +69,20 @@ CommandResult run_command(const std::vector<std::string>& argv,
 CommandResult run_shell(const std::string& command,
                         std::chrono::milliseconds timeout = std::chrono::minutes(10));
 
+#ifdef STARLING_BINARY_DIR
+// For the tests that drive the built `starling` binary (STARLING_BINARY_DIR is defined for every
+// test target): its path, a command run to completion at --log-level warn, and a child whose
+// stdout and stderr go to `log`.
+inline const std::string& starling_binary() {
+  static const std::string path = std::string(STARLING_BINARY_DIR) + "/apps/starling";
+  return path;
+}
+inline CommandResult run_starling(const std::string& args) {
+  return run_shell(starling_binary() + " --log-level warn " + args);
+}
+inline ChildProcess spawn_starling(const std::string& args, const std::filesystem::path& log) {
+  return ChildProcess::shell(starling_binary() + " " + args + " >" + log.string() + " 2>&1");
+}
+#endif
+
 }  // namespace starling::testing
