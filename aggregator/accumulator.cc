@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "aggregator/stream_fold.h"
 #include "core/wire/codec.pb.h"
 
 namespace starling::aggregator {
@@ -78,12 +79,42 @@ std::vector<size_t> krum_select(const std::vector<std::vector<float>>& updates, 
   return order;
 }
 
+bool segment_is_finite(const compress::Segment& s) {
+  return all_finite(s.f32) && all_finite(s.scales) && all_finite_half(s.u16, segment_is_bf16(s));
+}
+
 bool update_is_finite(const compress::EncodedUpdate& update) {
-  for (const auto& s : update.segments) {
-    if (!all_finite(s.f32) || !all_finite(s.scales)) return false;
-    if (!all_finite_half(s.u16, segment_is_bf16(s))) return false;
+  return std::all_of(update.segments.begin(), update.segments.end(),
+                     [](const compress::Segment& s) { return segment_is_finite(s); });
+}
+
+Status UpdateAccumulator::fold_stream(const compress::ReadAt& read, uint64_t total_bytes,
+                                      float weight) {
+  if (rule_.rule == RobustRule::kMean) {
+    MemorySum sum(sum_);
+    StreamFoldOptions opt;
+    opt.clip_norm = rule_.clip_norm;
+    ASSIGN_OR_RETURN(const StreamFoldResult r,
+                     fold_update_stream(read, total_bytes, sum, weight, opt));
+    if (r.clipped) ++clipped_;
+    total_ += weight;
+    ++count_;
+    return ok_status();
   }
-  return true;
+  if (!(weight > 0.0f) || !std::isfinite(weight)) {
+    return invalid_argument("update weight " + std::to_string(weight) + " is not positive");
+  }
+  scratch_.assign(sum_.size(), 0.0f);
+  MemorySum decoded(scratch_);
+  RETURN_IF_ERROR(fold_update_stream(read, total_bytes, decoded, 1.0f).status());
+  return fold_decoded(weight);
+}
+
+Status UpdateAccumulator::fold_payload(std::string_view bytes, float weight) {
+  if (compress::is_update_stream(bytes)) {
+    return fold_stream(compress::read_from_memory(bytes), bytes.size(), weight);
+  }
+  return fold_bytes(bytes, weight);
 }
 
 Status UpdateAccumulator::fold_bytes(std::string_view bytes, float weight) {
@@ -106,27 +137,33 @@ Status UpdateAccumulator::fold(const compress::EncodedUpdate& update, float weig
   if (!update_is_finite(update)) return invalid_argument("update holds non-finite values");
   if (rule_.rule == RobustRule::kMean && rule_.clip_norm <= 0) {
     RETURN_IF_ERROR(compress::decode_add(update, sum_, weight), "update rejected");
+    total_ += weight;
+    ++count_;
+    return ok_status();
+  }
+  scratch_.resize(sum_.size());
+  RETURN_IF_ERROR(compress::decode(update, scratch_), "update rejected");
+  return fold_decoded(weight);
+}
+
+Status UpdateAccumulator::fold_decoded(float weight) {
+  double norm2 = 0.0;
+  for (float v : scratch_) norm2 += static_cast<double>(v) * v;
+  const double norm = std::sqrt(norm2);
+  if (!std::isfinite(norm)) return invalid_argument("update norm overflows");
+  float scale = 1.0f;
+  if (rule_.clip_norm > 0 && norm > rule_.clip_norm) {
+    scale = static_cast<float>(rule_.clip_norm / norm);
+    ++clipped_;
+  }
+  if (rule_.rule == RobustRule::kMean) {
+    const float w = weight * scale;
+    for (size_t i = 0; i < sum_.size(); ++i) sum_[i] += w * scratch_[i];
   } else {
-    scratch_.resize(sum_.size());
-    RETURN_IF_ERROR(compress::decode(update, scratch_), "update rejected");
-    double norm2 = 0.0;
-    for (float v : scratch_) norm2 += static_cast<double>(v) * v;
-    const double norm = std::sqrt(norm2);
-    if (!std::isfinite(norm)) return invalid_argument("update norm overflows");
-    float scale = 1.0f;
-    if (rule_.clip_norm > 0 && norm > rule_.clip_norm) {
-      scale = static_cast<float>(rule_.clip_norm / norm);
-      ++clipped_;
+    if (scale != 1.0f) {
+      for (float& v : scratch_) v *= scale;
     }
-    if (rule_.rule == RobustRule::kMean) {
-      const float w = weight * scale;
-      for (size_t i = 0; i < sum_.size(); ++i) sum_[i] += w * scratch_[i];
-    } else {
-      if (scale != 1.0f) {
-        for (float& v : scratch_) v *= scale;
-      }
-      kept_.push_back(scratch_);
-    }
+    kept_.push_back(scratch_);
   }
   total_ += weight;
   ++count_;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/compress/codec.h"
+#include "core/compress/update_stream.h"
 #include "core/util/status.h"
 
 namespace starling::v1 {
@@ -46,6 +47,7 @@ std::vector<size_t> krum_select(const std::vector<std::vector<float>>& updates, 
 // True when every value an update carries (dense, half-precision, sparse and scale arrays) is
 // finite, so that decode_add cannot write a NaN or infinity into the sum.
 bool update_is_finite(const compress::EncodedUpdate& update);
+bool segment_is_finite(const compress::Segment& segment);
 
 // sum = sum_k w_k decode(update_k), total = sum_k w_k. Not thread-safe. Move-only: it keeps
 // the buffers of the last parsed update, so that parsing the next one of the same shape
@@ -61,6 +63,12 @@ class UpdateAccumulator {
   // weight `weight` via decode_add. On any error (malformed bytes, wrong size, non-finite
   // values, weight not positive and finite) the sum is unchanged and the error says why.
   Status fold_bytes(std::string_view bytes, float weight);
+  // The same for an update stream (core/compress/update_stream.h) of `total_bytes` that `read`
+  // serves, folded a window at a time (aggregator/stream_fold.h); the robust rules decode it
+  // into one model-sized vector as fold() does.
+  Status fold_stream(const compress::ReadAt& read, uint64_t total_bytes, float weight);
+  // fold_stream for bytes that start with the stream magic, else fold_bytes.
+  Status fold_payload(std::string_view bytes, float weight);
   Status fold(const compress::EncodedUpdate& update, float weight);
 
   // The combined update: sum / total for kMean, else the robust rule. REQUIRES: count() > 0.
@@ -75,6 +83,9 @@ class UpdateAccumulator {
   int excluded() const { return excluded_; }
 
  private:
+  // Folds scratch_ (one decoded update) under the clip and robust rules.
+  Status fold_decoded(float weight);
+
   std::vector<float> sum_;
   AggregationRule rule_;
   std::vector<float> scratch_;

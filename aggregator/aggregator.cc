@@ -640,13 +640,18 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   void finish_upload(Session& s) {
     Status st = s.rx->finish();
     if (!st.ok()) return reject_update(s, st);
+    // An update stream is folded straight from the spill file, a window at a time; anything
+    // else (a protobuf EncodedUpdate from an older client) is read whole.
+    const bool stream = s.upload.transfer().content_type() == edge_client::kUpdateStreamContentType;
+    const uint64_t total = s.upload.transfer().total_bytes();
+    std::unique_ptr<SpillFile> spill = std::move(s.spill);
     std::string payload;
-    if (s.spill) {
-      auto bytes = s.spill->read(s.upload.transfer().total_bytes());
+    if (!spill) {
+      payload = s.rx->take_payload();
+    } else if (!stream) {
+      auto bytes = spill->read(total);
       if (!bytes.ok()) return reject_update(s, bytes.status());
       payload = std::move(*bytes);
-    } else {
-      payload = s.rx->take_payload();
     }
     reset_upload(s);
     if (async()) {
@@ -657,7 +662,18 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       s.staleness = version - s.base_version;
       s.weight = fedbuff_staleness_weight(s.staleness);
     }
-    st = accumulator.fold_bytes(payload, s.weight);
+    if (spill && stream) {
+      st = accumulator.fold_stream(
+          [file = spill.get()](uint64_t offset, std::span<char> out) {
+            return file->read_at(offset, out);
+          },
+          total, s.weight);
+    } else if (stream) {
+      st = accumulator.fold_stream(compress::read_from_memory(payload), payload.size(), s.weight);
+    } else {
+      st = accumulator.fold_bytes(payload, s.weight);
+    }
+    spill.reset();
     if (!st.ok()) return reject_update(s, st);
     crash_point("folding");
     s.submitted = true;
@@ -666,7 +682,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       staleness_sum += static_cast<double>(s.staleness);
       staleness_max = std::max(staleness_max, s.staleness);
     }
-    bytes_in += payload.size();
+    bytes_in += total;
     if (options.monitor) options.monitor->update_folded();
     loss_sum += static_cast<double>(s.upload.train_loss()) * static_cast<double>(s.weight);
     v1::Envelope ack;

@@ -91,6 +91,8 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
     check(false, "local.codec",
           (cs.status().message() + " (e.g. \"topk:ratio=0.01,ef=1;*.bias=identity\")").c_str());
   }
+  check(c.client().chunk_kb() >= 1 && c.client().chunk_kb() <= 16 * 1024 - 1, "client.chunk_kb",
+        "must be in [1, 16383] (a chunk and its framing must fit one 16 MiB frame)");
   check(c.data().num_clients() > 0, "data.num_clients", "must be positive");
   check(c.data().alpha() > 0, "data.alpha", "must be positive");
   check(c.data().shards_per_client() > 0, "data.shards_per_client", "must be positive");

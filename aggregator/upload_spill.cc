@@ -40,9 +40,15 @@ Status SpillFile::write(uint64_t offset, std::string_view data) {
 
 Result<std::string> SpillFile::read(uint64_t size) const {
   std::string out(size, '\0');
+  RETURN_IF_ERROR(read_at(0, out));
+  return out;
+}
+
+Status SpillFile::read_at(uint64_t offset, std::span<char> out) const {
   size_t done = 0;
   while (done < out.size()) {
-    const ssize_t n = ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(done));
+    const ssize_t n =
+        ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       return internal_error("reading a spill file in " + dir_ + ": " +
@@ -50,7 +56,7 @@ Result<std::string> SpillFile::read(uint64_t size) const {
     }
     done += static_cast<size_t>(n);
   }
-  return out;
+  return ok_status();
 }
 
 std::unique_ptr<MemoryReservation> MemoryReservation::take(uint64_t* used, uint64_t budget,

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -25,6 +26,8 @@ class SpillFile {
   Status write(uint64_t offset, std::string_view data);
   // The first `size` bytes written.
   Result<std::string> read(uint64_t size) const;
+  // Bytes [offset, offset + out.size()).
+  Status read_at(uint64_t offset, std::span<char> out) const;
 
  private:
   explicit SpillFile(int fd, std::string dir) : fd_(fd), dir_(std::move(dir)) {}

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <asio/steady_timer.hpp>
+#include <csignal>
 #include <map>
 #include <optional>
 
@@ -44,7 +45,9 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
   uint64_t next_transfer = 1;
   // One codec per spec string, kept across rounds (and reconnects) for error feedback.
   std::map<std::string, std::unique_ptr<compress::Codec>> codecs;
-  compress::EncodedUpdate encoded;
+  // Reused across rounds; the pump of the current upload reads it (never while it changes:
+  // the old pump is dropped before the next encode).
+  std::shared_ptr<compress::EncodedUpdate> encoded = std::make_shared<compress::EncodedUpdate>();
   std::vector<float> global;
   std::vector<float> delta;
 
@@ -323,15 +326,28 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     if (!conn) return;  // the connection dropped while training
     auto codec = codec_for(p.codec());
     if (!codec.ok()) return fail(codec.status());
-    st = (*codec)->encode_into(delta, encoded);
+    if (pump) pump->cancel();
+    pump.reset();
+    if (encoded.use_count() > 1) encoded = std::make_shared<compress::EncodedUpdate>();
+    st = (*codec)->encode_into(delta, *encoded);
     if (!st.ok()) return fail(st.with_context("encoding the update"));
     ++rounds;
-    auto bytes = std::make_shared<const std::string>(compress::serialize_update(encoded));
-    if (pump) pump->cancel();
-    pump = std::make_shared<ChunkPump>(conn, bytes, next_transfer++, options.chunk_bytes,
-                                       std::string(kUpdateContentType));
+    // Read out as an update stream: no serialized copy, and no size ceiling.
+    pump = std::make_shared<ChunkPump>(conn, std::make_shared<UpdateStreamSource>(encoded),
+                                       next_transfer++, options.chunk_bytes,
+                                       std::string(kUpdateStreamContentType));
     if (options.upload_bytes_per_second > 0) {
       pump->set_rate_limit(io.get_executor(), options.upload_bytes_per_second);
+    }
+    if (options.crash_point == "uploading@" + std::to_string(p.round())) {
+      const uint64_t half = (pump->header().num_chunks() + 1) / 2;
+      pump->set_on_chunk_sent([this, half](uint64_t index) {
+        if (index + 1 < half) return;
+        spdlog::warn("client {}: crash point {}: SIGKILL after {} chunk(s)", options.node_id,
+                     options.crash_point, index + 1);
+        spdlog::default_logger()->flush();
+        std::raise(SIGKILL);
+      });
     }
     upload_spec = p.codec();
     upload_round = p.round();

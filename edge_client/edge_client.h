@@ -58,6 +58,9 @@ struct EdgeClientOptions {
   // Error-feedback residuals and round counters, saved atomically whenever the aggregator
   // acknowledges an update and restored on start (empty: kept in memory only).
   std::string state_path;
+  // Crash tests only: "uploading@R" SIGKILLs the process once half of round R's upload chunks
+  // are on their way (`starling client` reads it from $STARLING_CRASH_POINT).
+  std::string crash_point;
 };
 
 // Not thread-safe: everything runs on the io_context thread (training included, so one client

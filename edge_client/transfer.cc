@@ -27,9 +27,14 @@ Status from_f32_bytes(std::string_view bytes, std::span<float> out) {
 ChunkPump::ChunkPump(std::shared_ptr<net::Connection> conn,
                      std::shared_ptr<const std::string> payload, uint64_t transfer_id,
                      uint32_t chunk_bytes, std::string content_type, size_t high_water)
+    : ChunkPump(std::move(conn), std::make_shared<StringSource>(std::move(payload)), transfer_id,
+                chunk_bytes, std::move(content_type), high_water) {}
+
+ChunkPump::ChunkPump(std::shared_ptr<net::Connection> conn,
+                     std::shared_ptr<const net::PayloadSource> source, uint64_t transfer_id,
+                     uint32_t chunk_bytes, std::string content_type, size_t high_water)
     : conn_(conn),
-      payload_(std::move(payload)),
-      sender_(transfer_id, *payload_, chunk_bytes, std::move(content_type)),
+      sender_(transfer_id, std::move(source), chunk_bytes, std::move(content_type)),
       high_water_(high_water) {}
 
 void ChunkPump::set_rate_limit(asio::any_io_executor executor, uint64_t bytes_per_second) {
@@ -119,7 +124,7 @@ void ChunkPump::pump() {
       }
     }
     // A view into the payload, framed with one copy (the same bytes as a Chunk envelope).
-    auto chunk = sender_.chunk_view(next_);
+    auto chunk = sender_.chunk_view(next_, &scratch_);
     if (!chunk.ok()) return;
     const uint64_t payload_bytes = chunk->data.size();
     const Status st = conn->send_chunk(*chunk);
@@ -127,6 +132,7 @@ void ChunkPump::pump() {
     if (!st.ok()) return;                                     // closing: nothing more to do
     ++next_;
     sent_ += payload_bytes;
+    if (on_sent_) on_sent_(next_ - 1);
   }
 }
 

@@ -7,12 +7,15 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/compress/update_stream.h"
 #include "core/net/chunk_stream.h"
 #include "core/net/connection.h"
 #include "core/util/status.h"
@@ -21,8 +24,12 @@ namespace starling::edge_client {
 
 // Content type of a model download: the flat parameter vector as little-endian f32.
 inline constexpr std::string_view kModelContentType = "f32";
-// Content type of an update: a serialized starling.v1.EncodedUpdate (core/compress).
+// Content type of an update: a serialized starling.v1.EncodedUpdate (core/compress), at most
+// 2 GiB; the aggregator still takes it from older clients.
 inline constexpr std::string_view kUpdateContentType = "encoded_update";
+// Content type of an update of any size: an update stream (core/compress/update_stream.h),
+// what clients send.
+inline constexpr std::string_view kUpdateStreamContentType = "update_stream";
 // Error.message of the non-retryable Error the aggregator sends when the run is complete;
 // clients stop instead of reconnecting.
 inline constexpr std::string_view kFederationComplete = "federation complete";
@@ -57,9 +64,45 @@ class PumpSlots {
   std::deque<std::weak_ptr<ChunkPump>> waiting_;
 };
 
+// A payload the source owns: a string, or an encoded update read out as an update stream
+// (core/compress/update_stream.h) without a serialized copy.
+class StringSource : public net::PayloadSource {
+ public:
+  explicit StringSource(std::shared_ptr<const std::string> bytes) : bytes_(std::move(bytes)) {}
+  uint64_t size() const override { return bytes_->size(); }
+  Status read(uint64_t offset, std::span<char> out) const override {
+    return net::MemorySource(*bytes_).read(offset, out);
+  }
+  std::optional<std::string_view> contiguous() const override { return *bytes_; }
+
+ private:
+  std::shared_ptr<const std::string> bytes_;
+};
+
+class UpdateStreamSource : public net::PayloadSource {
+ public:
+  explicit UpdateStreamSource(std::shared_ptr<const compress::EncodedUpdate> update)
+      : update_(std::move(update)), writer_(*update_) {}
+  uint64_t size() const override { return writer_.size(); }
+  Status read(uint64_t offset, std::span<char> out) const override {
+    if (offset > size() || out.size() > size() - offset) {
+      return out_of_range("read past the end of an update stream");
+    }
+    writer_.read(offset, out);
+    return ok_status();
+  }
+
+ private:
+  std::shared_ptr<const compress::EncodedUpdate> update_;
+  compress::UpdateStreamWriter writer_;
+};
+
 class ChunkPump : public std::enable_shared_from_this<ChunkPump> {
  public:
   ChunkPump(std::shared_ptr<net::Connection> conn, std::shared_ptr<const std::string> payload,
+            uint64_t transfer_id, uint32_t chunk_bytes, std::string content_type,
+            size_t high_water = 8u << 20);
+  ChunkPump(std::shared_ptr<net::Connection> conn, std::shared_ptr<const net::PayloadSource> source,
             uint64_t transfer_id, uint32_t chunk_bytes, std::string content_type,
             size_t high_water = 8u << 20);
   ~ChunkPump();
@@ -79,6 +122,8 @@ class ChunkPump : public std::enable_shared_from_this<ChunkPump> {
   // Paces the chunks to at most `bytes_per_second` of payload (0: as fast as the connection
   // takes them), e.g. an edge device's upload cap. Call before start().
   void set_rate_limit(asio::any_io_executor executor, uint64_t bytes_per_second);
+  // Called with each chunk's index once the connection has queued it.
+  void set_on_chunk_sent(std::function<void(uint64_t index)> hook) { on_sent_ = std::move(hook); }
 
  private:
   friend class PumpSlots;
@@ -90,8 +135,9 @@ class ChunkPump : public std::enable_shared_from_this<ChunkPump> {
   bool holds_slot_ = false;
   bool started_flag_ = false;
   std::weak_ptr<net::Connection> conn_;
-  std::shared_ptr<const std::string> payload_;
   net::ChunkSender sender_;
+  std::string scratch_;  // the chunk being framed, for sources not in memory
+  std::function<void(uint64_t)> on_sent_;
   size_t high_water_;
   uint64_t next_ = 0;
   bool cancelled_ = false;

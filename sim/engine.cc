@@ -268,7 +268,7 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
                 node);
             RETURN_IF_ERROR(codec.encode(delta, residual, encoded), node + ": encoding the update");
             RETURN_IF_ERROR(store.put(k, std::move(residual)), node);
-            const std::string bytes = compress::serialize_update(encoded);
+            const std::string bytes = compress::UpdateStreamWriter(encoded).serialize();
             WireLoop up;
             v1::Envelope ue;
             auto* u = ue.mutable_update_upload();
@@ -280,7 +280,7 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
             Outcome oc;
             ASSIGN_OR_RETURN(oc.payload,
                              transfer(up, ue, bytes, round, chunk_bytes,
-                                      edge_client::kUpdateContentType, update_limit),
+                                      edge_client::kUpdateStreamContentType, update_limit),
                              node + ": upload");
             oc.weight = static_cast<float>(report.num_samples);
             oc.loss = report.loss;
@@ -354,7 +354,7 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
       double loss_sum = 0;
       int rejected = 0;
       for (size_t i : folded) {
-        const Status st = acc.fold_bytes(out[i].payload, out[i].weight);
+        const Status st = acc.fold_payload(out[i].payload, out[i].weight);
         out[i].payload.clear();
         if (!st.ok()) {
           ++rejected;

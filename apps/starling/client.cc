@@ -5,6 +5,7 @@
 
 #include <asio/io_context.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -113,6 +114,9 @@ Status run_task_client(const ClientArgs& args, const Setup& s) {
   ASSIGN_OR_RETURN(auto trainer, make_task_trainer(args, s, &loaded));
   ASSIGN_OR_RETURN(auto ctx, net::make_tls_context(s.tls, net::TlsSide::kClient));
   auto options = edge_client::edge_client_options(s.cfg, s.node_id, 0, s.partition + 1);
+  if (const char* crash = std::getenv("STARLING_CRASH_POINT"); crash && *crash) {
+    options.crash_point = crash;  // crash tests only (EdgeClientOptions::crash_point)
+  }
   asio::io_context io;
   spdlog::info("client {}: {}, aggregator {}:{}, state {}", s.node_id, loaded, options.connect.host,
                options.connect.port, options.state_path.empty() ? "in memory" : options.state_path);
@@ -133,6 +137,9 @@ Status run_client(const ClientArgs& args) {
   edge_client::MnistTrainer trainer(own, std::move(indices), aggregator::trainer_options(s.cfg));
   ASSIGN_OR_RETURN(auto ctx, net::make_tls_context(s.tls, net::TlsSide::kClient));
   auto options = edge_client::edge_client_options(s.cfg, s.node_id, 0, s.partition + 1);
+  if (const char* crash = std::getenv("STARLING_CRASH_POINT"); crash && *crash) {
+    options.crash_point = crash;  // crash tests only (EdgeClientOptions::crash_point)
+  }
   asio::io_context io;
   spdlog::info("client {}: partition {} ({} examples), aggregator {}:{}, state {}", s.node_id,
                s.partition, own->size(), options.connect.host, options.connect.port,

@@ -16,6 +16,7 @@
 
 namespace starling::v1 {
 class EncodedUpdate;  // core/wire/codec.proto
+class CodecSegment;
 }  // namespace starling::v1
 
 namespace starling::compress {
@@ -87,6 +88,9 @@ Result<EncodedUpdate> parse_update(std::string_view bytes);
 // The parsed wire message into `out`, reusing out's arrays (a receiver that keeps one
 // EncodedUpdate allocates nothing once they are large enough). Same errors as parse_update.
 Status update_from_message(const v1::EncodedUpdate& msg, EncodedUpdate& out);
+// A segment's fields (codec, offset, numel, shape, block, levels, k, rank, seed, values) into
+// `out`, its arrays left alone.
+void segment_fields_to_message(const Segment& s, v1::CodecSegment* out);
 
 // dst[i] = dst[i] + weight * y[i] for the decoded values y, each rounded once as written, so
 // decode_add(u, d, w) is bit-identical to d[i] + w * decoded[i]. Sparse codecs touch only the
@@ -94,6 +98,12 @@ Status update_from_message(const v1::EncodedUpdate& msg, EncodedUpdate& out);
 // scales, level ranges) before dst is written: on error dst is unchanged. REQUIRES: dst.size()
 // == update.numel, else InvalidArgument.
 Status decode_add(const EncodedUpdate& update, std::span<float> dst, float weight);
+// The checks decode_add makes of one segment on its own (sizes, index ranges, block counts,
+// finite scales, level ranges); `index` names it in the error. Its offset is not checked.
+Status check_segment(const Segment& s, size_t index);
+// decode_add of one segment into dst, which holds its s.numel elements (dst[0] is element
+// s.offset of the whole update). On error dst is unchanged.
+Status decode_add_segment(const Segment& s, size_t index, std::span<float> dst, float weight);
 // dst = decoded values (zero fill, then decode_add with weight 1).
 Status decode(const EncodedUpdate& update, std::span<float> dst);
 

@@ -48,6 +48,8 @@ Status check_values(const Segment& s, size_t index, int64_t k) {
   return bad(s, index, "unknown value coding");
 }
 
+}  // namespace
+
 Status check_segment(const Segment& s, size_t index) {
   const int64_t n = s.numel;
   const size_t un = static_cast<size_t>(n);
@@ -120,6 +122,8 @@ Status check_segment(const Segment& s, size_t index) {
   }
   return bad(s, index, "unknown codec");
 }
+
+namespace {
 
 // Value j of a sparse segment, decoded.
 template <ValueCoding kCoding>
@@ -212,6 +216,16 @@ void add_segment(const Segment& s, float* dst, float w) {
 }
 
 }  // namespace
+
+Status decode_add_segment(const Segment& s, size_t index, std::span<float> dst, float weight) {
+  if (s.numel < 0 || static_cast<size_t>(s.numel) != dst.size()) {
+    return invalid_argument("decode_add_segment: segment has " + std::to_string(s.numel) +
+                            " elements, destination " + std::to_string(dst.size()));
+  }
+  RETURN_IF_ERROR(check_segment(s, index), "decode_add");
+  add_segment(s, dst.data(), weight);
+  return ok_status();
+}
 
 Status decode_add(const EncodedUpdate& update, std::span<float> dst, float weight) {
   if (update.numel < 0 || static_cast<size_t>(update.numel) != dst.size()) {

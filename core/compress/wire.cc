@@ -28,21 +28,25 @@ Status from_bytes(const std::string& b, std::vector<T>& out, const char* field, 
 
 }  // namespace
 
+void segment_fields_to_message(const Segment& s, v1::CodecSegment* p) {
+  p->set_codec(static_cast<v1::CodecId>(s.codec));
+  p->set_offset(s.offset);
+  p->set_numel(s.numel);
+  for (int64_t d : s.shape) p->add_shape(d);
+  p->set_block(s.block);
+  p->set_levels(s.levels);
+  p->set_k(s.k);
+  p->set_rank(s.rank);
+  p->set_seed(s.seed);
+  p->set_values(static_cast<v1::ValueCodingId>(s.values));
+}
+
 std::string serialize_update(const EncodedUpdate& update) {
   v1::EncodedUpdate msg;
   msg.set_numel(update.numel);
   for (const Segment& s : update.segments) {
     v1::CodecSegment* p = msg.add_segments();
-    p->set_codec(static_cast<v1::CodecId>(s.codec));
-    p->set_offset(s.offset);
-    p->set_numel(s.numel);
-    for (int64_t d : s.shape) p->add_shape(d);
-    p->set_block(s.block);
-    p->set_levels(s.levels);
-    p->set_k(s.k);
-    p->set_rank(s.rank);
-    p->set_seed(s.seed);
-    p->set_values(static_cast<v1::ValueCodingId>(s.values));
+    segment_fields_to_message(s, p);
     p->set_f32(to_bytes(s.f32));
     p->set_u16(to_bytes(s.u16));
     p->set_i8(to_bytes(s.i8));

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -26,31 +27,66 @@ std::string Sha256::finish() {
   return std::string(reinterpret_cast<const char*>(md), n);
 }
 
+Status MemorySource::read(uint64_t offset, std::span<char> out) const {
+  if (offset > bytes_.size() || out.size() > bytes_.size() - offset) {
+    return out_of_range("read past the end of a payload of " + std::to_string(bytes_.size()) +
+                        " bytes");
+  }
+  if (!out.empty()) std::memcpy(out.data(), bytes_.data() + offset, out.size());
+  return ok_status();
+}
+
 ChunkSender::ChunkSender(uint64_t transfer_id, std::string_view payload, uint32_t chunk_bytes,
                          std::string content_type)
-    : payload_(payload) {
+    : ChunkSender(transfer_id, std::make_shared<MemorySource>(payload), chunk_bytes,
+                  std::move(content_type)) {}
+
+ChunkSender::ChunkSender(uint64_t transfer_id, std::shared_ptr<const PayloadSource> source,
+                         uint32_t chunk_bytes, std::string content_type)
+    : source_(std::move(source)) {
+  const uint64_t total = source_->size();
   header_.set_transfer_id(transfer_id);
-  header_.set_total_bytes(payload.size());
+  header_.set_total_bytes(total);
   header_.set_chunk_bytes(chunk_bytes);
-  header_.set_num_chunks((payload.size() + chunk_bytes - 1) / chunk_bytes);
+  header_.set_num_chunks((total + chunk_bytes - 1) / chunk_bytes);
   Sha256 sha;
-  sha.update(payload);
+  if (auto whole = source_->contiguous()) {
+    sha.update(*whole);
+  } else {
+    std::string buf(std::min<uint64_t>(total, 4u << 20), '\0');
+    for (uint64_t at = 0; at < total; at += buf.size()) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), total - at));
+      if (!source_->read(at, std::span<char>(buf.data(), n)).ok()) break;
+      sha.update(std::string_view(buf.data(), n));
+    }
+  }
   header_.set_sha256(sha.finish());
   header_.set_content_type(std::move(content_type));
 }
 
-Result<wire::ChunkView> ChunkSender::chunk_view(uint64_t index) const {
+Result<wire::ChunkView> ChunkSender::chunk_view(uint64_t index, std::string* scratch) const {
   if (index >= num_chunks()) {
     return out_of_range("chunk " + std::to_string(index) + " of a transfer of " +
                         std::to_string(num_chunks()));
   }
   const uint64_t offset = index * header_.chunk_bytes();
-  const std::string_view data = payload_.substr(offset, header_.chunk_bytes());
+  const size_t n = static_cast<size_t>(
+      std::min<uint64_t>(header_.chunk_bytes(), header_.total_bytes() - offset));
+  std::string_view data;
+  if (auto whole = source_->contiguous()) {
+    data = whole->substr(offset, n);
+  } else {
+    scratch->resize(n);
+    RETURN_IF_ERROR(source_->read(offset, std::span<char>(scratch->data(), n)),
+                    "reading chunk " + std::to_string(index));
+    data = *scratch;
+  }
   return wire::ChunkView{header_.transfer_id(), index, data, wire::crc32c(data)};
 }
 
 Result<v1::Chunk> ChunkSender::chunk(uint64_t index) const {
-  ASSIGN_OR_RETURN(const wire::ChunkView view, chunk_view(index));
+  std::string scratch;
+  ASSIGN_OR_RETURN(const wire::ChunkView view, chunk_view(index, &scratch));
   v1::Chunk c;
   c.set_transfer_id(view.transfer_id);
   c.set_index(view.index);

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -32,21 +34,52 @@ class Sha256 {
   std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx_;
 };
 
-// Splits a payload held in memory. The payload must outlive the sender.
+// Where a sender's payload comes from: memory, a file, or bytes generated on demand, so that a
+// payload larger than memory can be sent a chunk at a time.
+class PayloadSource {
+ public:
+  virtual ~PayloadSource() = default;
+  virtual uint64_t size() const = 0;
+  // Copies bytes [offset, offset + out.size()). REQUIRES: offset + out.size() <= size().
+  virtual Status read(uint64_t offset, std::span<char> out) const = 0;
+  // The whole payload when it lies in memory (chunks are then views into it); else nullopt.
+  virtual std::optional<std::string_view> contiguous() const { return std::nullopt; }
+};
+
+// A payload in memory, which must outlive the source.
+class MemorySource : public PayloadSource {
+ public:
+  explicit MemorySource(std::string_view bytes) : bytes_(bytes) {}
+  uint64_t size() const override { return bytes_.size(); }
+  Status read(uint64_t offset, std::span<char> out) const override;
+  std::optional<std::string_view> contiguous() const override { return bytes_; }
+
+ private:
+  std::string_view bytes_;
+};
+
+// Splits a payload into chunks. The header's SHA-256 is computed at construction (one pass over
+// the source).
 class ChunkSender {
  public:
-  // REQUIRES: chunk_bytes > 0.
+  // The payload must outlive the sender. REQUIRES: chunk_bytes > 0.
   ChunkSender(uint64_t transfer_id, std::string_view payload, uint32_t chunk_bytes,
               std::string content_type = "");
+  // REQUIRES: chunk_bytes > 0; the source reads without error (a failed read is Internal from
+  // chunk_view(), and the digest of the header is then wrong).
+  ChunkSender(uint64_t transfer_id, std::shared_ptr<const PayloadSource> source,
+              uint32_t chunk_bytes, std::string content_type = "");
   const v1::TransferHeader& header() const { return header_; }
   uint64_t num_chunks() const { return header_.num_chunks(); }
   // Chunk `index` with its CRC32C. OutOfRange for index >= num_chunks().
   Result<v1::Chunk> chunk(uint64_t index) const;
-  // The same without copying the data: a view into the payload, for Connection::send_chunk().
-  Result<wire::ChunkView> chunk_view(uint64_t index) const;
+  // The same without copying the data when the source is contiguous: a view into the payload,
+  // for Connection::send_chunk(). Otherwise the bytes are read into *scratch (REQUIRES: not
+  // null), which the view then points into.
+  Result<wire::ChunkView> chunk_view(uint64_t index, std::string* scratch = nullptr) const;
 
  private:
-  std::string_view payload_;
+  std::shared_ptr<const PayloadSource> source_;
   v1::TransferHeader header_;
 };
 
