@@ -4,7 +4,7 @@
     python3 scripts/make_fixture_data.py [DATA_DIR] [--out tests/fixtures/data]
 
 DATA_DIR (default ../shared/data, the layout of shared/data/README.md) holds the original
-MNIST and Fashion-MNIST IDX files (gzip) and tinyshakespeare/input.txt. The fixture keeps the
+MNIST and Fashion-MNIST IDX files (gzip), tinyshakespeare/input.txt and GPT-2's BPE files. The fixture keeps the
 first N images and labels of each IDX file (same header, count rewritten), gzipped with mtime 0
 and no file name so the output is byte-for-byte deterministic, and copies input.txt unchanged.
 CI runs every shipped config against it (scripts/config_smoke.sh); see its README.md.
@@ -104,6 +104,12 @@ def main():
     shutil.copyfile(os.path.join(args.data_dir, "tinyshakespeare", "input.txt"),
                     os.path.join(text_dst, "input.txt"))
     written.append("tinyshakespeare/input.txt")
+
+    bpe_dst = os.path.join(args.out, "gpt2")
+    os.makedirs(bpe_dst, exist_ok=True)
+    for name in ("encoder.json", "vocab.bpe"):
+        shutil.copyfile(os.path.join(args.data_dir, "gpt2", name), os.path.join(bpe_dst, name))
+        written.append("gpt2/" + name)
 
     total = 0
     for rel in written:

@@ -147,8 +147,12 @@ class ShakespeareTask final : public SimTask {
   // evenly spaced (eval.max_examples of them; 0: all).
   TaskEval evaluate(std::span<const float> global) override {
     (void)edge_client::load_flat(*model_, global);
+    return evaluate_model(*model_);
+  }
+  // evaluate() of the weights `model` holds.
+  TaskEval evaluate_model(models::Gpt& model) const {
     autograd::NoGradGuard ng;
-    model_->train(false);
+    model.train(false);
     const int64_t T = options_.model.block_size, V = options_.model.vocab_size;
     const int64_t windows = (static_cast<int64_t>(test_.size()) - 1) / T;
     int64_t n = windows;
@@ -167,7 +171,7 @@ class ShakespeareTask final : public SimTask {
           y[static_cast<size_t>(b * T + t)] = test_[static_cast<size_t>(start + t + 1)];
         }
       }
-      const Tensor logits = model_->forward(Tensor::from_vector(x, {B, T})).contiguous();
+      const Tensor logits = model.forward(Tensor::from_vector(x, {B, T})).contiguous();
       const float* l = logits.data<float>();
       for (int64_t r = 0; r < B * T; ++r) {
         const float* row = l + r * V;
@@ -180,7 +184,7 @@ class ShakespeareTask final : public SimTask {
         correct += arg == target ? 1.0 : 0.0;
       }
     }
-    model_->train(true);
+    model.train(true);
     const double count = static_cast<double>(std::max<int64_t>(1, n * T));
     return {loss / count, correct / count};
   }
@@ -199,8 +203,11 @@ class ShakespeareTask final : public SimTask {
     rc.mutable_data()->set_dataset("tinyshakespeare");
     rc.mutable_data()->set_data_dir(config_.data().data_dir());
     rc.mutable_sample()->set_prompt("ROMEO:\n");
+    // The checkpoint's val loss is the held-out loss of these weights (what `starling sample`
+    // reports); a federation has no one train loss, so the round's mean is not repeated here.
+    const TaskEval eval = evaluate_model(model);
     return models::save_gpt_checkpoint(path, model, rc, tokenizer_,
-                                       {static_cast<int64_t>(round), 0.0, 0.0});
+                                       {static_cast<int64_t>(round), 0.0, eval.loss});
   }
   std::string describe() const override {
     return fmt::format(

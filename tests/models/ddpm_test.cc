@@ -21,6 +21,7 @@
 #include "models/ddpm/checkpoint.h"
 #include "models/ddpm/png.h"
 #include "models/ddpm/quality.h"
+#include "tests/testing/test_data.h"
 
 namespace starling::models {
 namespace {
@@ -351,13 +352,16 @@ TEST_CASE("classifier check: real digits are confident and spread over classes",
   auto test = data::load_mnist_split(*dir, "mnist", false);
   REQUIRE(train.ok());
   REQUIRE(test.ok());
-  // 10000 training images, two epochs: enough for a confident, if rough, classifier.
-  train->images.resize(10000 * 784);
-  train->labels.resize(10000);
+  // 10000 training images, two epochs: enough for a confident, if rough, classifier. The
+  // fixture cut (tests/testing/test_data.h) has 3000: six epochs of those.
+  const int64_t n_train = std::min<int64_t>(10000, train->size());
+  const int64_t epochs = n_train < 10000 ? 6 : 2;
+  train->images.resize(static_cast<size_t>(n_train * 784));
+  train->labels.resize(static_cast<size_t>(n_train));
   const int64_t n = 200;
   Tensor real = Tensor::uninitialized({n, 1, 28, 28});
   for (int64_t i = 0; i < n * 784; ++i) real.data<float>()[i] = test->images[i] * 2 - 1;
-  auto q = classify_samples(real, *train, *test, 2, 1);
+  auto q = classify_samples(real, *train, *test, epochs, 1);
   REQUIRE(q.ok());
   INFO(q->summary());
   REQUIRE(q->classifier_test_accuracy > 0.85);
@@ -365,7 +369,7 @@ TEST_CASE("classifier check: real digits are confident and spread over classes",
   REQUIRE(q->histogram_entropy_bits > 3.0);
   // Noise is not a digit: the classifier is much less sure of it.
   Rng rng(1);
-  auto qn = classify_samples(Tensor::uniform({n, 1, 28, 28}, rng, -1, 1), *train, *test, 2, 1);
+  auto qn = classify_samples(Tensor::uniform({n, 1, 28, 28}, rng, -1, 1), *train, *test, epochs, 1);
   REQUIRE(qn.ok());
   REQUIRE(qn->sample_mean_max_prob < q->sample_mean_max_prob);
   REQUIRE_FALSE(classify_samples(Tensor::zeros({2, 1, 8, 8}), *train, *test, 1, 1).ok());

@@ -59,6 +59,7 @@ num_rounds = 4
 clients_per_round = 5
 fraction = 0.0
 [local]
+local_steps = 40
 batch_size = 20
 learning_rate = 0.05
 codec = "int8:block=128,ef=1"
@@ -213,6 +214,10 @@ TEST_CASE("a loopback simulation runs the real aggregator over mutual TLS", "[si
   auto gpt = models::load_gpt_checkpoint(dir / "model.safetensors");
   REQUIRE(gpt.ok());
   CHECK(gpt->model->config().n_embd == 16);
+  // Its val loss (what `starling sample` logs) is the held-out loss of the final model.
+  CHECK(gpt->info.val_loss > 0);
+  CHECK(gpt->info.val_loss == Approx(s->final_loss).epsilon(1e-5));  // stored as text
+  CHECK(gpt->info.iter == 2);
   fs::remove_all(dir);
 }
 

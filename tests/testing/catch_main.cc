@@ -1,7 +1,9 @@
 // The one translation unit that holds Catch2's main(). Each test process works in a temporary
 // folder of its own: TMPDIR points at a fresh $TMPDIR/starling_test.XXXXXX for the whole run
 // (std::filesystem::temp_directory_path() and the children it starts follow it), removed when
-// the run ends, passed or failed, so no test leaves a folder behind.
+// the run ends, passed or failed, so no test leaves a folder behind. Where no data directory is
+// found (a bare clone: no $STARLING_DATA_DIR, no ../shared/data), STARLING_DATA_DIR points at the
+// small cuts in tests/fixtures/data (tests/testing/test_data.h), so no test skips for want of data.
 #define CATCH_CONFIG_RUNNER
 #include <stdlib.h>
 
@@ -11,6 +13,8 @@
 #include <string>
 #include <system_error>
 #include <vector>
+
+#include "core/data/data_dir.h"
 
 int main(int argc, char* argv[]) {
   std::error_code ec;
@@ -25,6 +29,9 @@ int main(int argc, char* argv[]) {
   }
   const std::filesystem::path own = buf.data();
   ::setenv("TMPDIR", own.c_str(), 1);
+  if (!starling::data::resolve_data_dir("").ok()) {
+    ::setenv("STARLING_DATA_DIR", STARLING_SOURCE_DIR "/tests/fixtures/data", 1);
+  }
   const int rc = Catch::Session().run(argc, argv);
   std::filesystem::remove_all(own, ec);
   return rc;

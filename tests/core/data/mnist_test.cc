@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "core/data/data_dir.h"
+#include "tests/testing/test_data.h"
 
 namespace starling::data {
 namespace {
@@ -95,7 +96,7 @@ TEST_CASE("the real MNIST test split, when present", "[data]") {
   if (!fs::exists(*dir / "mnist" / "t10k-images-idx3-ubyte.gz", ec)) return;
   auto set = load_mnist_split(*dir, "mnist", false);
   REQUIRE(set.ok());
-  CHECK(set->size() == 10000);
+  CHECK(set->size() == (testing::using_fixture_data() ? 500 : 10000));  // the cut: the first 500
   CHECK(set->pixels() == 784);
   CHECK(set->labels[0] == 7);  // the first test digit is a 7
 }
@@ -107,7 +108,8 @@ TEST_CASE("a subset of a split loads as the same examples, converted alone", "[d
   if (!fs::exists(*dir / "mnist" / "t10k-images-idx3-ubyte.gz", ec)) return;
   auto all = load_mnist_split(*dir, "mnist", false);
   REQUIRE(all.ok());
-  const std::vector<int64_t> pick = {9999, 0, 17, 17, 4242};
+  const int64_t size = all->size();  // 10000, or 500 in the fixture cut
+  const std::vector<int64_t> pick = {size - 1, 0, 17, 17, size * 42 / 100};
   int64_t seen = 0;
   auto part = load_mnist_split_subset(*dir, "mnist", false,
                                       [&](const MnistSet& labels) -> Result<std::vector<int64_t>> {
@@ -116,12 +118,12 @@ TEST_CASE("a subset of a split loads as the same examples, converted alone", "[d
                                         return pick;
                                       });
   REQUIRE(part.ok());
-  CHECK(seen == 10000);
+  CHECK(seen == size);
   auto expected = subset(*all, pick);
   REQUIRE(expected.ok());
   CHECK(part->images == expected->images);
   CHECK(part->labels == expected->labels);
-  CHECK(subset(*all, std::vector<int64_t>{10000}).status().code() == StatusCode::kOutOfRange);
+  CHECK(subset(*all, std::vector<int64_t>{size}).status().code() == StatusCode::kOutOfRange);
   auto bad = load_mnist_split_subset(*dir, "mnist", false, [](const MnistSet&) {
     return Result<std::vector<int64_t>>(std::vector<int64_t>{-1});
   });
