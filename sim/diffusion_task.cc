@@ -7,6 +7,7 @@
 
 #include "aggregator/fed_task.h"
 #include "core/data/data_dir.h"
+#include "core/data/local_data.h"
 #include "edge_client/ddpm_trainer.h"
 #include "edge_client/gpt_trainer.h"
 #include "edge_client/mdlm_trainer.h"
@@ -46,6 +47,16 @@ class MdlmTask final : public SimTask {
   std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const override {
     const auto k = static_cast<size_t>(client);
     return std::make_unique<edge_client::MdlmTrainer>(train_, bounds_[k], bounds_[k + 1], options_);
+  }
+  Result<std::unique_ptr<edge_client::LocalTrainer>> make_local_trainer(
+      const std::filesystem::path& path, std::string* describe) const override {
+    ASSIGN_OR_RETURN(auto ids,
+                     data::read_local_tokens(path, tokenizer_, options_.model.block_size + 1));
+    *describe =
+        fmt::format("local data {} ({} characters, never uploaded)", path.string(), ids.size());
+    const auto n = static_cast<int64_t>(ids.size());
+    return std::unique_ptr<edge_client::LocalTrainer>(std::make_unique<edge_client::MdlmTrainer>(
+        std::make_shared<const std::vector<int32_t>>(std::move(ids)), 0, n, options_));
   }
   int64_t local_steps(int client, const v1::RoundPlan& plan) const override {
     const auto k = static_cast<size_t>(client);

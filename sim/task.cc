@@ -10,6 +10,7 @@
 #include "core/autograd/autograd.h"
 #include "core/data/char_tokenizer.h"
 #include "core/data/data_dir.h"
+#include "core/data/local_data.h"
 #include "core/data/shakespeare_roles.h"
 #include "core/data/text_file.h"
 #include "core/io/safetensors.h"
@@ -103,6 +104,17 @@ class MnistTask final : public SimTask {
   compress::Layout layout_;
 };
 
+// The token ids of a client's own text for a char-level language model of `tok`.
+Result<std::shared_ptr<const std::vector<int32_t>>> local_tokens(const std::filesystem::path& path,
+                                                                 const data::CharTokenizer& tok,
+                                                                 int64_t block_size,
+                                                                 std::string* describe) {
+  ASSIGN_OR_RETURN(auto ids, data::read_local_tokens(path, tok, block_size + 1));
+  *describe =
+      fmt::format("local data {} ({} characters, never uploaded)", path.string(), ids.size());
+  return std::make_shared<const std::vector<int32_t>>(std::move(ids));
+}
+
 class ShakespeareTask final : public SimTask {
  public:
   ShakespeareTask(const v1::FederationConfig& c, data::CharTokenizer tok,
@@ -137,6 +149,13 @@ class ShakespeareTask final : public SimTask {
   std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const override {
     const auto k = static_cast<size_t>(client);
     return std::make_unique<edge_client::GptTrainer>(train_, bounds_[k], bounds_[k + 1], options_);
+  }
+  Result<std::unique_ptr<edge_client::LocalTrainer>> make_local_trainer(
+      const std::filesystem::path& path, std::string* describe) const override {
+    ASSIGN_OR_RETURN(auto ids, local_tokens(path, tokenizer_, options_.model.block_size, describe));
+    const auto n = static_cast<int64_t>(ids->size());
+    return std::unique_ptr<edge_client::LocalTrainer>(
+        std::make_unique<edge_client::GptTrainer>(std::move(ids), 0, n, options_));
   }
   int64_t local_steps(int client, const v1::RoundPlan& plan) const override {
     const auto k = static_cast<size_t>(client);
@@ -274,6 +293,13 @@ bool is_task_model(const v1::FederationConfig& c) {
   const auto arch = c.model().arch();
   return arch == v1::FedModelConfig::GPT || arch == v1::FedModelConfig::MDLM ||
          arch == v1::FedModelConfig::DDPM;
+}
+
+Result<std::unique_ptr<edge_client::LocalTrainer>> SimTask::make_local_trainer(
+    const std::filesystem::path& path, std::string* describe) const {
+  (void)describe;
+  return invalid_argument("data.path " + path.string() + ": this task (" + this->describe() +
+                          ") takes no local text; image classifiers read a folder of IDX files");
 }
 
 Result<std::unique_ptr<SimTask>> SimTask::create(const v1::FederationConfig& c,

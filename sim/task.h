@@ -40,6 +40,11 @@ class SimTask {
   virtual std::vector<float> initial_model() const = 0;
   // Client k's trainer, holding only what that client needs. Thread-safe (reads shared data).
   virtual std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const = 0;
+  // A client's trainer on its own data at `path` ([data] path, core/data/local_data.h);
+  // `describe` says what was read. The language models take .txt / .jsonl text in the task's
+  // vocabulary; InvalidArgument for the tasks that take no local text.
+  virtual Result<std::unique_ptr<edge_client::LocalTrainer>> make_local_trainer(
+      const std::filesystem::path& path, std::string* describe) const;
   // Local steps client k takes for `plan` (to emulate its compute time).
   virtual int64_t local_steps(int client, const v1::RoundPlan& plan) const = 0;
   // The global model on the held-out data. Not thread-safe.

@@ -14,6 +14,7 @@
 #include "apps/starling/commands.h"
 #include "apps/starling/io_loop.h"
 #include "core/data/data_dir.h"
+#include "core/data/local_data.h"
 #include "core/data/mnist.h"
 #include "core/net/certs.h"
 #include "core/net/tls.h"
@@ -67,6 +68,13 @@ Result<Setup> setup(const ClientArgs& args) {
 // are converted to floats (never the whole training set).
 Result<std::shared_ptr<const data::MnistSet>> load_own_examples(const Setup& s,
                                                                 std::vector<int64_t>* indices) {
+  if (!s.cfg.data().path().empty()) {
+    // The device's own labelled images ([data] path): all of them, never uploaded.
+    ASSIGN_OR_RETURN(auto own, data::read_local_images(s.cfg.data().path(), 28, 28));
+    indices->resize(static_cast<size_t>(own.size()));
+    for (size_t i = 0; i < indices->size(); ++i) (*indices)[i] = static_cast<int64_t>(i);
+    return std::make_shared<const data::MnistSet>(std::move(own));
+  }
   ASSIGN_OR_RETURN(auto dir, data::resolve_data_dir(s.cfg.data().data_dir()));
   auto choose = [&](const data::MnistSet& labels) -> Result<std::vector<int64_t>> {
     ASSIGN_OR_RETURN(auto parts, aggregator::make_partition(s.cfg, labels));
@@ -92,6 +100,10 @@ Result<std::unique_ptr<edge_client::LocalTrainer>> make_task_trainer(const Clien
   v1::FederationConfig cfg = s.cfg;
   cfg.mutable_eval()->set_every_rounds(0);  // evaluation is the aggregator's
   if (cfg.model().arch() == v1::FedModelConfig::DDPM) {
+    if (!cfg.data().path().empty()) {
+      return invalid_argument(args.config + ": data.path is not read by DDPM clients yet; they " +
+                              "train on their partition of data.dataset");
+    }
     int64_t images = 0;
     ASSIGN_OR_RETURN(auto trainer, sim::make_ddpm_client_trainer(
                                        cfg, args.config, static_cast<int>(s.partition), &images));
@@ -100,6 +112,12 @@ Result<std::unique_ptr<edge_client::LocalTrainer>> make_task_trainer(const Clien
     return trainer;
   }
   ASSIGN_OR_RETURN(auto task, sim::SimTask::create(cfg, args.config));
+  if (!cfg.data().path().empty()) {
+    std::string what;
+    ASSIGN_OR_RETURN(auto trainer, task->make_local_trainer(cfg.data().path(), &what), args.config);
+    *describe = what + "; " + task->describe();
+    return trainer;
+  }
   if (static_cast<int>(s.partition) >= task->num_clients()) {
     return invalid_argument(args.config + ": partition " + std::to_string(s.partition) +
                             " >= the task's " + std::to_string(task->num_clients()) + " clients (" +
@@ -141,8 +159,11 @@ Status run_client(const ClientArgs& args) {
     options.crash_point = crash;  // crash tests only (EdgeClientOptions::crash_point)
   }
   asio::io_context io;
-  spdlog::info("client {}: partition {} ({} examples), aggregator {}:{}, state {}", s.node_id,
-               s.partition, own->size(), options.connect.host, options.connect.port,
+  const std::string source = s.cfg.data().path().empty()
+                                 ? "partition " + std::to_string(s.partition)
+                                 : "local data " + s.cfg.data().path() + ", never uploaded";
+  spdlog::info("client {}: {} ({} examples), aggregator {}:{}, state {}", s.node_id, source,
+               own->size(), options.connect.host, options.connect.port,
                options.state_path.empty() ? "in memory" : options.state_path);
   edge_client::EdgeClient client(io, ctx, options, trainer);
   client.start();
@@ -190,9 +211,12 @@ int run_check(const ClientArgs& args) {
                        failed_precondition("not an MNIST-style classifier task"))
                  : load_own_examples(*s, &indices);
   if (!sim::is_task_model(s->cfg)) {
-    report(
-        "data", own.status(),
-        own.ok() ? std::to_string((*own)->size()) + " examples of " + s->cfg.data().dataset() : "");
+    report("data", own.status(),
+           own.ok() ? std::to_string((*own)->size()) + " examples of " +
+                          (s->cfg.data().path().empty()
+                               ? s->cfg.data().dataset()
+                               : "local data " + s->cfg.data().path() + " (never uploaded)")
+                    : "");
   }
 
   const auto options = edge_client::edge_client_options(s->cfg, s->node_id, 0, 1);

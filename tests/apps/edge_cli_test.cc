@@ -367,3 +367,38 @@ TEST_CASE("cli: SIGKILL of a client mid-upload, restarted: the final model is bi
   CHECK(forgetful.size() == reference.size());
   CHECK(forgetful != reference);
 }
+
+TEST_CASE("cli: a client on its own data ([data] path): checked, and errors name file and line",
+          "[apps]") {
+  const fs::path d = fs::temp_directory_path() / "own_data";
+  fs::create_directories(d);
+  REQUIRE(run("certs init-ca --out " + (d / "ca").string() + " --name own-data").rc == 0);
+  REQUIRE(run("certs issue --ca " + (d / "ca").string() + " --name client-0 --role client --out " +
+              (d / "c0").string())
+              .rc == 0);
+  std::ofstream(d / "own.jsonl") << "{\"text\": \"ROMEO:\\nWhat light through yonder window "
+                                    "breaks?\\n\"}\n{\"text\": \"JULIET:\\nAy me!\\n\"}\n";
+  std::ofstream(d / "bad.jsonl") << "{\"text\": \"ROMEO:\\nfine\"}\n{\"text\": \"caf\\u00e9\"}\n";
+  auto config = [&](const std::string& own) {
+    const fs::path p = d / ("client-" + own + ".toml");
+    std::ofstream(p) << "[tls]\nca = \"" << (d / "c0" / "ca.crt").string() << "\"\ncert = \""
+                     << (d / "c0" / "client-0.crt").string() << "\"\nkey = \""
+                     << (d / "c0" / "client-0.key").string() << "\"\n"
+                     << "[data]\ndataset = \"shakespeare\"\npartition = \"ROLES\"\n"
+                     << kFixtureData << "path = \"" << (d / own).string() << "\"\n"
+                     << "[model]\narch = \"GPT\"\nn_layer = 1\nn_head = 1\nn_embd = 16\n"
+                     << "block_size = 16\n[client]\nserver_port = 1\nstate_path = \"none\"\n";
+    return p;
+  };
+  auto good = run("client --config " + config("own.jsonl").string() + " --check --check-timeout 1");
+  INFO(good.out);
+  CHECK_THAT(good.out, Catch::Contains("ok    data") && Catch::Contains("own.jsonl") &&
+                           Catch::Contains("never uploaded"));
+  auto bad = run("client --config " + config("bad.jsonl").string() + " --check --check-timeout 1");
+  INFO(bad.out);
+  CHECK(bad.rc == 1);
+  CHECK_THAT(bad.out, Catch::Contains("FAIL  data") && Catch::Contains("bad.jsonl:2: character"));
+  auto none =
+      run("client --config " + config("missing.txt").string() + " --check --check-timeout 1");
+  CHECK_THAT(none.out, Catch::Contains("FAIL  data") && Catch::Contains("missing.txt"));
+}
