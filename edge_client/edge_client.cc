@@ -331,6 +331,10 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     if (encoded.use_count() > 1) encoded = std::make_shared<compress::EncodedUpdate>();
     st = (*codec)->encode_into(delta, *encoded);
     if (!st.ok()) return fail(st.with_context("encoding the update"));
+    // Idle until the next plan: the model-sized buffers go back (a simulation holds hundreds of
+    // clients in one process; a device gets its memory back between rounds).
+    std::vector<float>().swap(global);
+    std::vector<float>().swap(delta);
     ++rounds;
     // Read out as an update stream: no serialized copy, and no size ceiling.
     pump = std::make_shared<ChunkPump>(conn, std::make_shared<UpdateStreamSource>(encoded),

@@ -75,6 +75,7 @@ Result<float> run_local_steps(nn::Module& model, std::span<const float> global,
       offset += static_cast<size_t>(numel);
     }
   }
+  model.zero_grad();  // the gradients are not kept between rounds
   const auto local = flatten(model);
   for (size_t i = 0; i < local.size(); ++i) delta[i] = local[i] - global[i];
   return static_cast<float>(loss_sum / static_cast<double>(steps));
