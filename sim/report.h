@@ -30,6 +30,12 @@ struct RunSummary {
   uint64_t bytes_total = 0;
   uint64_t peak_rss_bytes = 0;
   ResidualStore::Stats residuals;
+  // simulate.central_baseline: the same model trained centrally on as many samples.
+  bool has_central = false;
+  double central_loss = 0;
+  double central_accuracy = 0;
+  double central_samples = 0;
+  double central_seconds = 0;
 };
 
 RunSummary summarize(const SimResult& result);

@@ -150,6 +150,10 @@ class ShakespeareTask final : public SimTask {
     const auto k = static_cast<size_t>(client);
     return std::make_unique<edge_client::GptTrainer>(train_, bounds_[k], bounds_[k + 1], options_);
   }
+  std::unique_ptr<edge_client::LocalTrainer> make_central_trainer() const override {
+    return std::make_unique<edge_client::GptTrainer>(train_, bounds_.front(), bounds_.back(),
+                                                     options_);
+  }
   Result<std::unique_ptr<edge_client::LocalTrainer>> make_local_trainer(
       const std::filesystem::path& path, std::string* describe) const override {
     ASSIGN_OR_RETURN(auto ids, local_tokens(path, tokenizer_, options_.model.block_size, describe));

@@ -40,6 +40,11 @@ class SimTask {
   virtual std::vector<float> initial_model() const = 0;
   // Client k's trainer, holding only what that client needs. Thread-safe (reads shared data).
   virtual std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const = 0;
+  // One trainer over every client's training data: the centralized baseline of a simulation
+  // (simulate.central_baseline); nullptr for tasks without one.
+  virtual std::unique_ptr<edge_client::LocalTrainer> make_central_trainer() const {
+    return nullptr;
+  }
   // A client's trainer on its own data at `path` ([data] path, core/data/local_data.h);
   // `describe` says what was read. The language models take .txt / .jsonl text in the task's
   // vocabulary; InvalidArgument for the tasks that take no local text.

@@ -55,6 +55,13 @@ void print_summary(const sim::RunSummary& s) {
   std::printf("  %-22s %llu\n", "rounds", static_cast<unsigned long long>(s.rounds));
   std::printf("  %-22s %.4f (best %.4f)\n", "test accuracy", s.final_accuracy, s.best_accuracy);
   std::printf("  %-22s %.4f\n", "test loss", s.final_loss);
+  if (s.has_central) {
+    std::printf("  %-22s %.4f test loss, %.4f accuracy (one trainer, the same %.0f samples, %s)\n",
+                "central baseline", s.central_loss, s.central_accuracy, s.central_samples,
+                sim::format_seconds(s.central_seconds).c_str());
+    std::printf("  %-22s %+.1f%% test loss against central\n", "federated gap",
+                100.0 * (s.final_loss - s.central_loss) / s.central_loss);
+  }
   std::printf("  %-22s %s (codec %s)\n", "bytes sent",
               sim::format_bytes(double(s.bytes_total)).c_str(), s.codec.c_str());
   std::printf("  %-22s %s\n", "simulated wall time", sim::format_seconds(s.sim_seconds).c_str());

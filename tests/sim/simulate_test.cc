@@ -218,6 +218,13 @@ TEST_CASE("a loopback simulation runs the real aggregator over mutual TLS", "[si
   CHECK(gpt->info.val_loss > 0);
   CHECK(gpt->info.val_loss == Approx(s->final_loss).epsilon(1e-5));  // stored as text
   CHECK(gpt->info.iter == 2);
+  // The default compares with the same model trained centrally on as many samples: 2 rounds
+  // x 3 updates x 2 steps x batch 4.
+  CHECK(s->has_central);
+  CHECK(s->central_samples == 48);
+  CHECK(s->central_loss > 0);
+  CHECK(s->central_loss < 5);
+  CHECK_THAT(slurp(dir / "summary.json"), Contains("\"central_baseline\""));
   fs::remove_all(dir);
 }
 
