@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "aggregator/accumulator.h"
+#include "aggregator/upload_spill.h"
 
 namespace starling::aggregator {
 namespace {
@@ -51,32 +52,19 @@ Result<std::unique_ptr<FileSum>> FileSum::create(const std::filesystem::path& pa
 FileSum::~FileSum() { ::close(fd_); }
 
 Status FileSum::read(int64_t offset, std::span<float> out) const {
-  auto* p = reinterpret_cast<char*>(out.data());
-  const size_t want = out.size_bytes();
-  size_t done = 0;
-  while (done < want) {
-    const ssize_t n = ::pread(fd_, p + done, want - done, static_cast<off_t>(offset * 4 + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return io_error("reading the sum file", path_);
-    done += static_cast<size_t>(n);
-  }
-  return ok_status();
+  return read_all_at(fd_, static_cast<uint64_t>(offset) * 4,
+                     std::span<char>(reinterpret_cast<char*>(out.data()), out.size_bytes()),
+                     "the sum file " + path_);
 }
 
 Status FileSum::update(int64_t offset, int64_t n, const std::function<void(std::span<float>)>& fn) {
   window_.resize(static_cast<size_t>(n));
   RETURN_IF_ERROR(read(offset, window_));
   fn(window_);
-  const auto* p = reinterpret_cast<const char*>(window_.data());
-  const size_t want = window_.size() * 4;
-  size_t done = 0;
-  while (done < want) {
-    const ssize_t w = ::pwrite(fd_, p + done, want - done, static_cast<off_t>(offset * 4 + done));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return io_error("writing the sum file", path_);
-    done += static_cast<size_t>(w);
-  }
-  return ok_status();
+  return write_all_at(
+      fd_, static_cast<uint64_t>(offset) * 4,
+      std::span<const char>(reinterpret_cast<const char*>(window_.data()), window_.size() * 4),
+      "the sum file " + path_);
 }
 
 Result<StreamFoldResult> fold_update_stream(const compress::ReadAt& read, uint64_t total_bytes,

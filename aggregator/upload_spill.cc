@@ -24,18 +24,35 @@ Result<std::unique_ptr<SpillFile>> SpillFile::create(const std::filesystem::path
 
 SpillFile::~SpillFile() { ::close(fd_); }
 
-Status SpillFile::write(uint64_t offset, std::string_view data) {
+Status write_all_at(int fd, uint64_t offset, std::span<const char> data, const std::string& what) {
   size_t done = 0;
   while (done < data.size()) {
     const ssize_t n =
-        ::pwrite(fd_, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
+        ::pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return internal_error("writing " + what + ": " + std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+  return ok_status();
+}
+
+Status read_all_at(int fd, uint64_t offset, std::span<char> out, const std::string& what) {
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n =
+        ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      return internal_error("writing a spill file in " + dir_ + ": " + std::strerror(errno));
+      return internal_error("reading " + what + ": " +
+                            (n == 0 ? std::string("short file") : std::strerror(errno)));
     }
     done += static_cast<size_t>(n);
   }
   return ok_status();
+}
+
+Status SpillFile::write(uint64_t offset, std::string_view data) {
+  return write_all_at(fd_, offset, data, "a spill file in " + dir_);
 }
 
 Result<std::string> SpillFile::read(uint64_t size) const {
@@ -45,18 +62,7 @@ Result<std::string> SpillFile::read(uint64_t size) const {
 }
 
 Status SpillFile::read_at(uint64_t offset, std::span<char> out) const {
-  size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t n =
-        ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return internal_error("reading a spill file in " + dir_ + ": " +
-                            (n == 0 ? std::string("short file") : std::strerror(errno)));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return ok_status();
+  return read_all_at(fd_, offset, out, "a spill file in " + dir_);
 }
 
 std::unique_ptr<MemoryReservation> MemoryReservation::take(uint64_t* used, uint64_t budget,

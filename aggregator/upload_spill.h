@@ -14,6 +14,12 @@
 
 namespace starling::aggregator {
 
+// pwrite / pread of all of `data` / `out` at `offset` of `fd`, through short transfers and
+// EINTR. Internal errors read "writing WHAT: ..." / "reading WHAT: ..." (a file read past its
+// end: "short file").
+Status write_all_at(int fd, uint64_t offset, std::span<const char> data, const std::string& what);
+Status read_all_at(int fd, uint64_t offset, std::span<char> out, const std::string& what);
+
 // An unlinked temporary file in `dir` (gone from the directory at once, from the disk when
 // closed). Not thread-safe.
 class SpillFile {
