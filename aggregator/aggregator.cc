@@ -1,6 +1,7 @@
 // Rounds, sessions and streaming aggregation of the aggregation server.
 #include "aggregator/aggregator.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -137,6 +138,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   int target = 0;
   int selected = 0;
   int rejected = 0;
+  int lost = 0;  // clients that said their training lost this round
   int registered_at_start = 0;
   double loss_sum = 0.0;
   uint64_t bytes_in = 0;
@@ -261,6 +263,12 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
         return;
       case v1::Envelope::kError:
         spdlog::warn("aggregator: error from {}: {}", s.node_id, e.error().message());
+        // A client that lost a round to its own training says so before it goes (its
+        // connection closes next, which drops it from the round).
+        if (e.error().code() == v1::ERROR_CODE_INTERNAL && e.error().retryable()) {
+          ++lost;
+          if (options.monitor) options.monitor->client_round_failed(s.node_id, e.error().message());
+        }
         return;
       default:
         send(s,
@@ -440,6 +448,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     selected = static_cast<int>(pick);
     registered_at_start = static_cast<int>(registered_count());
     rejected = 0;
+    lost = 0;
     loss_sum = 0.0;
     bytes_in = 0;
     most_streaming = uploads_streaming;
@@ -733,6 +742,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     report.selected = selected;
     report.updates = accumulator.count();
     report.rejected = rejected;
+    report.lost = lost;
     report.clipped = accumulator.clipped();
     report.total_weight = accumulator.total_weight();
     report.mean_train_loss = accumulator.count() > 0 ? loss_sum / accumulator.total_weight() : 0.0;
@@ -794,9 +804,10 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
         return finish();
       }
     }
-    spdlog::info("aggregator: round {} closed: {} updates ({} rejected), weight {}, loss {:.4f}",
-                 report.round, report.updates, report.rejected, report.total_weight,
-                 report.mean_train_loss);
+    spdlog::info("aggregator: round {} closed: {} updates ({} rejected{}), weight {}, loss {:.4f}",
+                 report.round, report.updates, report.rejected,
+                 report.lost ? fmt::format(", {} lost by their trainers", report.lost) : "",
+                 report.total_weight, report.mean_train_loss);
     if (accountant) {
       spdlog::info(
           "aggregator: round {}: DP: {} of {} updates clipped to L2 norm {:g}, noise std {:.3g} "
@@ -810,6 +821,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       accumulator.reset();
       selected = 0;
       rejected = 0;
+      lost = 0;
       loss_sum = 0.0;
       bytes_in = 0;
       staleness_sum = 0.0;

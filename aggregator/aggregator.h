@@ -123,6 +123,7 @@ struct RoundReport {
   int selected = 0;
   int updates = 0;   // folded
   int rejected = 0;  // malformed, non-finite, checksum failures
+  int lost = 0;      // clients that said their own training failed (exec trainer)
   int clipped = 0;   // scaled down to the clip norm
   int excluded = 0;  // Krum / Multi-Krum: folded but left out of the mean
   double total_weight = 0.0;

@@ -93,6 +93,7 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
   }
   check(c.client().chunk_kb() >= 1 && c.client().chunk_kb() <= 16 * 1024 - 1, "client.chunk_kb",
         "must be in [1, 16383] (a chunk and its framing must fit one 16 MiB frame)");
+  check(c.simulate().connect_timeout_s() > 0, "simulate.connect_timeout_s", "must be positive");
   check(c.data().num_clients() > 0, "data.num_clients", "must be positive");
   check(c.data().alpha() > 0, "data.alpha", "must be positive");
   check(c.data().shards_per_client() > 0, "data.shards_per_client", "must be positive");
@@ -100,12 +101,36 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
             c.data().dataset() == "shakespeare",
         "data.dataset", "must be mnist, fashion-mnist or shakespeare");
   const bool roles = c.data().partition() == v1::FedDataConfig::ROLES;
-  check(roles == (c.data().dataset() == "shakespeare"), "data.partition",
-        "must be ROLES exactly when data.dataset is shakespeare");
+  const bool external = c.model().arch() == v1::FedModelConfig::EXTERNAL;
+  const bool exec = c.client().trainer() == v1::FedClientConfig::EXEC;
   const bool text_model =
       c.model().arch() == v1::FedModelConfig::GPT || c.model().arch() == v1::FedModelConfig::MDLM;
-  check(text_model == (c.data().dataset() == "shakespeare"), "model.arch",
-        "must be GPT or MDLM exactly when data.dataset is shakespeare");
+  if (!external) {  // the user's own model brings its own data (data.path, or its trainer's)
+    check(roles == (c.data().dataset() == "shakespeare"), "data.partition",
+          "must be ROLES exactly when data.dataset is shakespeare");
+    check(text_model == (c.data().dataset() == "shakespeare"), "model.arch",
+          "must be GPT or MDLM exactly when data.dataset is shakespeare");
+  }
+  if (external) {
+    check(!c.model().weights().empty(), "model.weights",
+          "must name the initial weights (safetensors) when model.arch is EXTERNAL");
+    check(c.eval().every_rounds() == 0 || !c.model().eval_command().empty(), "eval.every_rounds",
+          "must be 0 when model.arch is EXTERNAL without model.eval_command (nothing built in "
+          "can evaluate your model)");
+  }
+  check(c.model().eval_command().empty() || external, "model.eval_command",
+        "applies to model.arch EXTERNAL only");
+  check(c.model().weights().empty() || external, "model.weights",
+        "applies to model.arch EXTERNAL only");
+  if (exec) {
+    check(!c.client().trainer_command().empty() && !c.client().trainer_command(0).empty(),
+          "client.trainer_command",
+          "must name the trainer program when client.trainer is \"exec\" (e.g. [\"python3\", "
+          "\"train.py\"])");
+    check(c.client().trainer_timeout_s() > 0, "client.trainer_timeout_s", "must be positive");
+  }
+  check(exec || c.client().trainer_command().empty(), "client.trainer_command",
+        "applies to client.trainer = \"exec\" only");
   check(c.data().test_fraction() > 0 && c.data().test_fraction() < 0.5, "data.test_fraction",
         "must be in (0, 0.5)");
   if (c.model().arch() == v1::FedModelConfig::CNN) {

@@ -177,6 +177,10 @@ struct Monitor::Impl {
                  "Clients refused by the access policy (allow-list, revoked certificate)");
     handshakes_refused = &counter("starling_handshakes_refused_total",
                                   "TLS handshakes refused (bad, unknown or revoked certificates)");
+    client_round_failures =
+        &counter("starling_client_round_failures_total",
+                 "Rounds a client reported lost to its own training (trainer crashed, timed out, "
+                 "returned bad tensors)");
     round_hist = &prometheus::BuildHistogram()
                       .Name("starling_round_duration_seconds")
                       .Help("Round durations")
@@ -203,6 +207,7 @@ struct Monitor::Impl {
   prometheus::Gauge* dp_epsilon;
   prometheus::Counter* identities_refused;
   prometheus::Counter* handshakes_refused;
+  prometheus::Counter* client_round_failures;
   prometheus::Histogram* round_hist;
   // The latest refusals, newest last: "who: why".
   std::deque<std::string> refused;
@@ -210,6 +215,8 @@ struct Monitor::Impl {
     refused.push_back(std::move(text));
     while (refused.size() > 20) refused.pop_front();
   }
+  // The latest rounds clients lost to their training, newest last: "who: why".
+  std::deque<std::string> client_failures;
 
   std::deque<RoundPoint> history;
   uint64_t current_round = 0;
@@ -372,6 +379,11 @@ void Monitor::identity_refused(const std::string& who, const std::string& why) {
   impl_->identities_refused->Increment();
   impl_->remember_refusal(who + ": " + why);
 }
+void Monitor::client_round_failed(const std::string& who, const std::string& why) {
+  impl_->client_round_failures->Increment();
+  impl_->client_failures.push_back(who + ": " + why);
+  while (impl_->client_failures.size() > 20) impl_->client_failures.pop_front();
+}
 void Monitor::handshake_refused(const std::string& error) {
   impl_->handshakes_refused->Increment();
   impl_->remember_refusal(error);
@@ -428,6 +440,7 @@ std::string Monitor::status_json() const {
                         {"clients_selected", impl_->selected},
                         {"bytes_received", impl_->total_bytes},
                         {"refused", impl_->refused},
+                        {"client_round_failures", impl_->client_failures},
                         {"rounds", std::move(rounds)}}
       .dump();
 }
@@ -475,6 +488,9 @@ std::string Monitor::status_html() const {
   row("update bytes received", human_bytes(static_cast<double>(impl_->total_bytes)));
   for (auto it = impl_->refused.rbegin(); it != impl_->refused.rend(); ++it) {
     row(it == impl_->refused.rbegin() ? "refused (latest first)" : "", *it);
+  }
+  for (auto it = impl_->client_failures.rbegin(); it != impl_->client_failures.rend(); ++it) {
+    row(it == impl_->client_failures.rbegin() ? "rounds lost by clients (latest first)" : "", *it);
   }
   if (!h.empty()) {
     std::snprintf(buf, sizeof(buf), "%.4f", h.back().train_loss);

@@ -46,6 +46,8 @@ class Monitor : public std::enable_shared_from_this<Monitor> {
   // layer refused (`who` is then the error, which names the certificate's CN where known).
   void identity_refused(const std::string& who, const std::string& why);
   void handshake_refused(const std::string& error);
+  // A client said its training lost it a round (v1::Error with ERROR_CODE_INTERNAL, retryable).
+  void client_round_failed(const std::string& who, const std::string& why);
   // From whoever evaluates the global model (the `starling aggregator` round hook).
   void evaluated(uint64_t round, double loss, double accuracy);
 

@@ -57,6 +57,8 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
   int rounds = 0;
   int connections = 0;
   int declined = 0;
+  int lost = 0;  // rounds lost to the trainer (LocalTrainer::round_failures_recoverable)
+  Status last_loss;
   uint64_t peak_rss = 0;
   // Set when we leave on purpose (condition or memory): on_close waits condition_poll.
   bool away = false;
@@ -133,6 +135,24 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     spdlog::warn("client {}: declining round {}: {}", options.node_id,
                  plan ? plan->round() : uint64_t{0}, why);
     if (conn) conn->close();
+  }
+
+  // The trainer failed this round only: say so to the aggregator (its metrics count it), leave
+  // the round and come back for the next one after the usual backoff.
+  void lose_round(const v1::RoundPlan& p, const Status& st) {
+    ++lost;
+    last_loss = st;
+    const std::string why = "round " + std::to_string(p.round()) + " lost: " + st.to_string();
+    spdlog::warn("client {}: {}", options.node_id, why);
+    std::vector<float>().swap(global);
+    std::vector<float>().swap(delta);
+    if (!conn) return;
+    v1::Envelope e;
+    e.mutable_error()->set_code(v1::ERROR_CODE_INTERNAL);
+    e.mutable_error()->set_message(why);
+    e.mutable_error()->set_retryable(true);
+    (void)conn->send(e);
+    conn->close();
   }
 
   void connect() {
@@ -321,7 +341,10 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
       if (!mem.ok()) return decline(mem.message());
     }
     auto report = trainer.train(global, p, delta);
-    if (!report.ok()) return fail(report.status().with_context("local training"));
+    if (!report.ok()) {
+      if (trainer.round_failures_recoverable()) return lose_round(p, report.status());
+      return fail(report.status().with_context("local training"));
+    }
     if (auto pk = edge_client::peak_rss_bytes(); pk.ok()) peak_rss = *pk;
     if (!conn) return;  // the connection dropped while training
     auto codec = codec_for(p.codec());
@@ -392,6 +415,8 @@ const Status& EdgeClient::error() const { return impl_->error; }
 int EdgeClient::rounds_trained() const { return impl_->rounds; }
 int EdgeClient::connections() const { return impl_->connections; }
 int EdgeClient::rounds_declined() const { return impl_->declined; }
+int EdgeClient::rounds_lost() const { return impl_->lost; }
+const Status& EdgeClient::last_round_lost() const { return impl_->last_loss; }
 uint64_t EdgeClient::peak_rss_bytes() const { return impl_->peak_rss; }
 
 }  // namespace starling::edge_client

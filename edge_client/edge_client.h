@@ -39,6 +39,10 @@ class LocalTrainer {
     (void)plan;
     return 0;
   }
+  // Whether a failed train() costs only that round (the client tells the aggregator, leaves the
+  // round and comes back for the next) instead of stopping the client. True for trainers that
+  // run the user's own code (ExecTrainer): its crash or hang must not end the device's service.
+  virtual bool round_failures_recoverable() const { return false; }
 };
 
 struct EdgeClientOptions {
@@ -82,9 +86,11 @@ class EdgeClient {
   bool stopped() const;
   const Status& error() const;
   int rounds_trained() const;
-  int connections() const;          // successful connections so far
-  int rounds_declined() const;      // plans refused by the training condition or memory limit
-  uint64_t peak_rss_bytes() const;  // of the process, after the last round (0: unknown)
+  int connections() const;                // successful connections so far
+  int rounds_declined() const;            // plans refused by the training condition or memory limit
+  int rounds_lost() const;                // rounds a recoverable trainer failed
+  const Status& last_round_lost() const;  // why the latest of those failed
+  uint64_t peak_rss_bytes() const;        // of the process, after the last round (0: unknown)
 
   struct Impl;
 

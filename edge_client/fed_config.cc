@@ -30,4 +30,21 @@ EdgeClientOptions edge_client_options(const v1::FederationConfig& config,
   return o;
 }
 
+ExecTrainerOptions exec_trainer_options(const v1::FederationConfig& config,
+                                        const std::string& node_id, uint32_t partition,
+                                        const std::filesystem::path& dir) {
+  const auto& c = config.client();
+  ExecTrainerOptions o;
+  o.command.assign(c.trainer_command().begin(), c.trainer_command().end());
+  o.timeout = std::chrono::seconds(c.trainer_timeout_s());
+  o.dir = !c.trainer_dir().empty() ? std::filesystem::path(c.trainer_dir())
+          : !dir.empty()           ? dir
+                                   : std::filesystem::path(node_id + ".trainer");
+  o.node_id = node_id;
+  o.partition = partition;
+  o.num_partitions = config.data().num_clients();
+  o.data_path = config.data().path();
+  return o;
+}
+
 }  // namespace starling::edge_client

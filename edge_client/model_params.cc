@@ -1,7 +1,10 @@
 // Flat parameter vectors.
 #include "edge_client/model_params.h"
 
+#include <cmath>
 #include <cstring>
+#include <set>
+#include <string>
 
 namespace starling::edge_client {
 
@@ -36,6 +39,92 @@ Status load_flat(nn::Module& module, std::span<const float> flat) {
     at += static_cast<size_t>(t.numel());
   }
   return ok_status();
+}
+
+namespace {
+
+std::string shape_text(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+io::StateDict layout_tensors(const compress::Layout& layout, std::span<const float> flat) {
+  io::StateDict sd;
+  sd.reserve(layout.size());
+  for (const auto& info : layout) {
+    Tensor t = Tensor::uninitialized(info.shape);
+    if (t.nbytes() > 0) std::memcpy(t.data<float>(), flat.data() + info.offset, t.nbytes());
+    sd.emplace_back(info.name, std::move(t));
+  }
+  return sd;
+}
+
+Status read_layout_tensors(const io::SafetensorsFile& file, const compress::Layout& layout,
+                           std::span<float> flat, std::string_view source, bool allow_non_finite) {
+  const std::string src(source);
+  std::set<std::string> expected;
+  for (const auto& info : layout) expected.insert(info.name);
+  for (const auto& [name, t] : file.tensors) {
+    if (!expected.count(name)) {
+      return invalid_argument(src + ": tensor '" + name + "' is not in the federation's model (" +
+                              std::to_string(layout.size()) + " tensors, e.g. '" +
+                              (layout.empty() ? std::string() : layout.front().name) + "')");
+    }
+  }
+  for (const auto& info : layout) {
+    const Tensor* found = nullptr;
+    for (const auto& [name, t] : file.tensors) {
+      if (name == info.name) found = &t;
+    }
+    if (found == nullptr) return invalid_argument(src + ": tensor '" + info.name + "' is missing");
+    if (found->shape() != info.shape) {
+      return invalid_argument(src + ": tensor '" + info.name + "' has shape " +
+                              shape_text(found->shape()) + ", the model's is " +
+                              shape_text(info.shape));
+    }
+    if (!dtype_is_float(found->dtype())) {
+      return invalid_argument(src + ": tensor '" + info.name + "' is " +
+                              std::string(dtype_safetensors_name(found->dtype())) +
+                              ", not a float dtype");
+    }
+    const Tensor f = found->to(DType::kF32).contiguous();
+    const float* v = f.data<float>();
+    const int64_t n = f.numel();
+    if (!allow_non_finite) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (!std::isfinite(v[i])) {
+          return invalid_argument(src + ": tensor '" + info.name + "' holds " +
+                                  std::to_string(v[i]) + " at element " + std::to_string(i));
+        }
+      }
+    }
+    if (n > 0) std::memcpy(flat.data() + info.offset, v, static_cast<size_t>(n) * 4);
+  }
+  return ok_status();
+}
+
+Result<compress::Layout> layout_of_file(const io::SafetensorsFile& file, std::string_view source,
+                                        std::vector<float>* values) {
+  compress::Layout layout;
+  int64_t offset = 0;
+  for (const auto& [name, t] : file.tensors) {
+    if (!dtype_is_float(t.dtype())) {
+      return invalid_argument(std::string(source) + ": tensor '" + name + "' is " +
+                              std::string(dtype_safetensors_name(t.dtype())) +
+                              ", not a float dtype (a federated model is moved as f32)");
+    }
+    layout.push_back({name, t.shape(), offset});
+    offset += t.numel();
+  }
+  if (layout.empty()) return invalid_argument(std::string(source) + ": holds no tensors");
+  if (values != nullptr) {
+    values->assign(static_cast<size_t>(offset), 0.0f);
+    RETURN_IF_ERROR(read_layout_tensors(file, layout, *values, source));
+  }
+  return layout;
 }
 
 }  // namespace starling::edge_client

@@ -13,6 +13,7 @@ PACKAGES=(
   libcurl4-openssl-dev
   prometheus-cpp-dev
   catch2
+  python3
 )
 # --arm64: also the cross toolchain, qemu-user and the arm64 multiarch -dev packages of every
 # compiled library above (the arm64 preset, docs/edge.md).

@@ -164,9 +164,24 @@ Result<SimResult> run_loopback(const v1::FederationConfig& cfg, SimTask& task,
     clients.push_back(std::make_unique<edge_client::EdgeClient>(io, ctx, o, *trainers.back()));
     clients.back()->start();
   }
+  const auto connect_by = Clock::now() + std::chrono::seconds(cfg.simulate().connect_timeout_s());
+  bool anyone = false;
+  Status unreachable;
   while (!agg->done()) {
     if (io.stopped()) io.restart();
     if (io.run_one_for(milliseconds(100)) == 0 && io.stopped()) break;
+    if (!anyone) {
+      anyone = std::any_of(clients.begin(), clients.end(),
+                           [](const auto& c) { return c->connections() > 0; });
+      if (!anyone && Clock::now() >= connect_by) {
+        unreachable =
+            unavailable("no client reached the loopback aggregator at 127.0.0.1:" +
+                        std::to_string(agg->port()) + " within simulate.connect_timeout_s = " +
+                        std::to_string(cfg.simulate().connect_timeout_s()) +
+                        " s (is the loopback interface up?)");
+        break;
+      }
+    }
   }
   res.global.assign(agg->global().begin(), agg->global().end());
   // Let the clients hear that the federation is complete.
@@ -179,7 +194,7 @@ Result<SimResult> run_loopback(const v1::FederationConfig& cfg, SimTask& task,
   // Tearing down aborts handshakes and connections still open; that is no news to anyone.
   const auto level = spdlog::get_level();
   spdlog::set_level(std::max(level, spdlog::level::err));
-  Status error = agg->error();
+  Status error = !unreachable.ok() ? unreachable : agg->error();
   for (const auto& c : clients) {
     if (error.ok() && !c->error().ok()) error = c->error().with_context("loopback client");
   }

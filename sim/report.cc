@@ -59,6 +59,7 @@ Series series_of(const std::vector<RoundRecord>& rounds, const std::string& name
   Series s{name, {}};
   for (const auto& r : rounds) {
     if (only_evaluated && !r.evaluated) continue;
+    if (std::isnan(y(r))) continue;  // e.g. no accuracy from an EXTERNAL model's evaluator
     s.points.emplace_back(x(r), y(r));
   }
   return s;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -14,6 +15,7 @@
 #include "core/util/rng.h"
 #include "gossip/task.h"
 #include "sim/engine.h"
+#include "sim/external_task.h"
 #include "sim/task.h"
 
 namespace starling::sim {
@@ -80,8 +82,10 @@ class Progress {
       : out_(out), on_(on && out != nullptr), tty_(on_ && isatty(fileno(out))), total_(total) {}
   void update(const RoundRecord& r) {
     if (!on_) return;
-    last_ =
-        r.evaluated ? fmt::format("acc {:.4f} loss {:.4f}", r.test_accuracy, r.test_loss) : last_;
+    last_ = !r.evaluated ? last_
+            : std::isnan(r.test_accuracy)
+                ? fmt::format("test loss {:.4f}", r.test_loss)
+                : fmt::format("acc {:.4f} loss {:.4f}", r.test_accuracy, r.test_loss);
     const double frac = static_cast<double>(r.round) / static_cast<double>(total_);
     const double eta = r.real_seconds / frac * (1 - frac);
     const int width = 30;
@@ -204,6 +208,7 @@ Result<RunSummary> run_simulation(const v1::FederationConfig& cfg, const std::st
     return invalid_argument(source + ": simulate.out_dir '" + dir.string() + "': " + ec.message());
   const std::string config_toml = config::to_toml(cfg);
   RETURN_IF_ERROR(write_file(dir / "config.toml", config_toml));
+  RETURN_IF_ERROR(check_simulated_trainer(cfg, source));
   ASSIGN_OR_RETURN(auto task, SimTask::create(cfg, source));
   spdlog::info("simulate: {}", task->describe());
 

@@ -19,6 +19,7 @@
 #include "edge_client/model_params.h"
 #include "models/gpt/checkpoint.h"
 #include "sim/diffusion_task.h"
+#include "sim/external_task.h"
 
 namespace starling::sim {
 namespace {
@@ -296,7 +297,7 @@ Result<std::unique_ptr<SimTask>> make_shakespeare(const v1::FederationConfig& c,
 bool is_task_model(const v1::FederationConfig& c) {
   const auto arch = c.model().arch();
   return arch == v1::FedModelConfig::GPT || arch == v1::FedModelConfig::MDLM ||
-         arch == v1::FedModelConfig::DDPM;
+         arch == v1::FedModelConfig::DDPM || arch == v1::FedModelConfig::EXTERNAL;
 }
 
 Result<std::unique_ptr<edge_client::LocalTrainer>> SimTask::make_local_trainer(
@@ -309,6 +310,7 @@ Result<std::unique_ptr<edge_client::LocalTrainer>> SimTask::make_local_trainer(
 Result<std::unique_ptr<SimTask>> SimTask::create(const v1::FederationConfig& c,
                                                  std::string_view source) {
   RETURN_IF_ERROR(aggregator::validate_federation_config(c, source));
+  if (c.model().arch() == v1::FedModelConfig::EXTERNAL) return make_external_task(c, source);
   if (c.data().dataset() == "shakespeare") return make_shakespeare(c, source);
   if (c.model().arch() == v1::FedModelConfig::DDPM) return make_ddpm_task(c, source);
   const std::string ctx = std::string(source) + ": data";

@@ -21,10 +21,12 @@
 #include "edge_client/client_state.h"
 #include "edge_client/device.h"
 #include "edge_client/edge_client.h"
+#include "edge_client/exec_trainer.h"
 #include "edge_client/fed_config.h"
 #include "edge_client/mnist_trainer.h"
 #include "edge_client/preflight.h"
 #include "sim/diffusion_task.h"
+#include "sim/external_task.h"
 #include "sim/task.h"
 
 namespace starling::apps {
@@ -127,9 +129,33 @@ Result<std::unique_ptr<edge_client::LocalTrainer>> make_task_trainer(const Clien
   return task->make_trainer(static_cast<int>(s.partition));
 }
 
+bool exec_trainer(const Setup& s) { return s.cfg.client().trainer() == v1::FedClientConfig::EXEC; }
+
+// [client] trainer = "exec": the user's program trains each round (edge_client/exec_trainer.h)
+// on tensors laid out as the federation's model.
+Result<std::unique_ptr<edge_client::LocalTrainer>> make_exec_trainer(const ClientArgs& args,
+                                                                     const Setup& s,
+                                                                     std::string* describe) {
+  ASSIGN_OR_RETURN(auto layout, sim::federation_layout(s.cfg, args.config));
+  auto options = edge_client::exec_trainer_options(s.cfg, s.node_id, s.partition);
+  ASSIGN_OR_RETURN(const std::string exe, edge_client::resolve_executable(options.command[0]),
+                   args.config + ": client.trainer_command");
+  int64_t numel = 0;
+  for (const auto& t : layout) numel += shape_numel(t.shape);
+  std::string command;
+  for (const auto& a : options.command) command += (command.empty() ? "" : " ") + a;
+  *describe = "exec trainer `" + command + "` (" + exe + "), rounds in " + options.dir.string() +
+              ", timeout " + std::to_string(options.timeout.count() / 1000) + " s; model of " +
+              std::to_string(layout.size()) + " tensors, " + std::to_string(numel) + " parameters";
+  ASSIGN_OR_RETURN(auto trainer, edge_client::ExecTrainer::create(layout, std::move(options)),
+                   args.config);
+  return std::unique_ptr<edge_client::LocalTrainer>(std::move(trainer));
+}
+
 Status run_task_client(const ClientArgs& args, const Setup& s) {
   std::string loaded;
-  ASSIGN_OR_RETURN(auto trainer, make_task_trainer(args, s, &loaded));
+  ASSIGN_OR_RETURN(auto trainer, exec_trainer(s) ? make_exec_trainer(args, s, &loaded)
+                                                 : make_task_trainer(args, s, &loaded));
   ASSIGN_OR_RETURN(auto ctx, net::make_tls_context(s.tls, net::TlsSide::kClient));
   auto options = edge_client::edge_client_options(s.cfg, s.node_id, 0, s.partition + 1);
   if (const char* crash = std::getenv("STARLING_CRASH_POINT"); crash && *crash) {
@@ -142,14 +168,16 @@ Status run_task_client(const ClientArgs& args, const Setup& s) {
   client.start();
   run_while(io, [&] { return client.stopped(); });
   const auto peak = edge_client::peak_rss_bytes();
-  spdlog::info("client {}: {} rounds trained, peak RSS {:.1f} MiB", s.node_id,
-               client.rounds_trained(), peak.ok() ? static_cast<double>(*peak) / (1 << 20) : 0.0);
+  spdlog::info("client {}: {} rounds trained, {} lost to the trainer, peak RSS {:.1f} MiB",
+               s.node_id, client.rounds_trained(), client.rounds_lost(),
+               peak.ok() ? static_cast<double>(*peak) / (1 << 20) : 0.0);
   return client.error();
 }
 
 Status run_client(const ClientArgs& args) {
   ASSIGN_OR_RETURN(Setup s, setup(args));
-  if (sim::is_task_model(s.cfg)) return run_task_client(args, s);
+  RETURN_IF_ERROR(sim::check_simulated_trainer(s.cfg, args.config));
+  if (sim::is_task_model(s.cfg) || exec_trainer(s)) return run_task_client(args, s);
   std::vector<int64_t> indices;
   ASSIGN_OR_RETURN(auto own, load_own_examples(s, &indices));
   edge_client::MnistTrainer trainer(own, std::move(indices), aggregator::trainer_options(s.cfg));
@@ -201,16 +229,21 @@ int run_check(const ClientArgs& args) {
   report("certificate", cert.status(), cert.ok() ? *cert : "");
 
   std::vector<int64_t> indices;
-  if (sim::is_task_model(s->cfg)) {
+  const bool exec = exec_trainer(*s);
+  if (exec) {
+    std::string loaded;
+    auto trainer = make_exec_trainer(args, *s, &loaded);
+    report("trainer", trainer.status(), loaded);
+  } else if (sim::is_task_model(s->cfg)) {
     std::string loaded;
     auto trainer = make_task_trainer(args, *s, &loaded);
     report("data", trainer.status(), loaded);
   }
-  auto own = sim::is_task_model(s->cfg)
+  auto own = sim::is_task_model(s->cfg) || exec
                  ? Result<std::shared_ptr<const data::MnistSet>>(
                        failed_precondition("not an MNIST-style classifier task"))
                  : load_own_examples(*s, &indices);
-  if (!sim::is_task_model(s->cfg)) {
+  if (!sim::is_task_model(s->cfg) && !exec) {
     report("data", own.status(),
            own.ok() ? std::to_string((*own)->size()) + " examples of " +
                           (s->cfg.data().path().empty()

@@ -5,6 +5,7 @@
 
 #include <asio/io_context.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@
 #include "edge_client/edge_client.h"
 #include "edge_client/fed_config.h"
 #include "edge_client/model_params.h"
+#include "sim/external_task.h"
 #include "sim/task.h"
 
 namespace starling::apps {
@@ -91,6 +93,7 @@ Status run_aggregator(const AggregatorArgs& args) {
   // GPT, MDLM and DDPM: model, evaluation and simulated clients' trainers from the SimTask.
   std::unique_ptr<sim::SimTask> task;
   if (sim::is_task_model(cfg)) {
+    if (args.simulate) RETURN_IF_ERROR(sim::check_simulated_trainer(cfg, args.config));
     ASSIGN_OR_RETURN(task, sim::SimTask::create(cfg, args.config));
     spdlog::info("task: {}", task->describe());
   }
@@ -139,6 +142,7 @@ Status run_aggregator(const AggregatorArgs& args) {
         {"selected", r.selected},
         {"updates", r.updates},
         {"rejected", r.rejected},
+        {"lost_by_clients", r.lost},
         {"examples", r.total_weight},
         {"train_loss", r.mean_train_loss},
         {"update_bytes", r.update_bytes},
@@ -161,7 +165,11 @@ Status run_aggregator(const AggregatorArgs& args) {
       j["test_loss"] = e.loss;
       j["test_accuracy"] = e.accuracy;
       if (monitor) monitor->evaluated(r.round, e.loss, e.accuracy);
-      spdlog::info("round {}: test accuracy {:.4f}, loss {:.4f}", r.round, e.accuracy, e.loss);
+      if (std::isnan(e.accuracy)) {  // a model evaluated by loss alone (EXTERNAL)
+        spdlog::info("round {}: test loss {:.4f}", r.round, e.loss);
+      } else {
+        spdlog::info("round {}: test accuracy {:.4f}, loss {:.4f}", r.round, e.accuracy, e.loss);
+      }
       if (target > 0 && e.accuracy >= target) {
         spdlog::info("target accuracy {} reached in round {}", target, r.round);
         go_on = false;

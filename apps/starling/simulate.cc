@@ -3,6 +3,7 @@
 // several --config files or a [sweep] section run one after another and end with a comparison.
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -53,7 +54,9 @@ void print_summary(const sim::RunSummary& s) {
   std::printf("  %-22s %s, %d clients, %d worker%s\n", "mode", s.mode.c_str(), s.clients, s.workers,
               s.workers == 1 ? "" : "s");
   std::printf("  %-22s %llu\n", "rounds", static_cast<unsigned long long>(s.rounds));
-  std::printf("  %-22s %.4f (best %.4f)\n", "test accuracy", s.final_accuracy, s.best_accuracy);
+  if (!std::isnan(s.final_accuracy)) {  // an EXTERNAL model may be evaluated by loss alone
+    std::printf("  %-22s %.4f (best %.4f)\n", "test accuracy", s.final_accuracy, s.best_accuracy);
+  }
   std::printf("  %-22s %.4f\n", "test loss", s.final_loss);
   if (s.has_central) {
     std::printf("  %-22s %.4f test loss, %.4f accuracy (one trainer, the same %.0f samples, %s)\n",

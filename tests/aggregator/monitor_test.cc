@@ -70,6 +70,8 @@ TEST_CASE("metrics and the status page are served over HTTP", "[net][monitor]") 
   r.dp_epsilon = 0.25;
   mon->round_closed(r);
   mon->evaluated(1, 0.5, 0.875);
+  mon->client_round_failed("client-3",
+                           "round 1 lost: trainer_command (python3) exited with status 3");
   r.round = 2;
   r.mean_train_loss = 0.5;
   mon->round_closed(r);
@@ -88,6 +90,7 @@ TEST_CASE("metrics and the status page are served over HTTP", "[net][monitor]") 
   CHECK_THAT(metrics, Catch::Contains("starling_eval_accuracy 0.875"));
   CHECK_THAT(metrics, Catch::Contains("starling_dp_epsilon 0.25"));
   CHECK_THAT(metrics, Catch::Contains("starling_round_duration_seconds_count 2"));
+  CHECK_THAT(metrics, Catch::Contains("starling_client_round_failures_total 1"));
 
   const std::string page = get(io, mon->port(), "/");
   CHECK_THAT(page, Catch::StartsWith("HTTP/1.1 200 OK"));
@@ -101,6 +104,8 @@ TEST_CASE("metrics and the status page are served over HTTP", "[net][monitor]") 
   const std::string json = get(io, mon->port(), "/status.json");
   CHECK_THAT(json, Catch::Contains("\"test_accuracy\":0.875"));
   CHECK_THAT(json, Catch::Contains("\"clients_registered\":12"));
+  CHECK_THAT(json, Catch::Contains("client-3: round 1 lost: trainer_command (python3) exited"));
+  CHECK_THAT(page, Catch::Contains("rounds lost by clients (latest first)"));
 
   CHECK_THAT(get(io, mon->port(), "/nope"), Catch::StartsWith("HTTP/1.1 404"));
   CHECK_THAT(http(io, mon->port(), "POST /metrics HTTP/1.1\r\n\r\n"),

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "tests/testing/child_process.h"
+#include "tests/testing/cli_federation.h"
 
 namespace fs = std::filesystem;
 
@@ -54,16 +55,7 @@ TEST_CASE("cli: a DDPM federation of an aggregator and two clients over TLS", "[
   const fs::path d = fs::temp_directory_path() / ("starling_ddpm_cli_" + std::to_string(getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
-  REQUIRE(run("certs init-ca --out " + (d / "ca").string() + " --name ddpm-test").rc == 0);
-  REQUIRE(run("certs issue --ca " + (d / "ca").string() +
-              " --name aggregator --role server --san DNS:localhost,IP:127.0.0.1 --out " +
-              (d / "agg").string())
-              .rc == 0);
-  for (const char* c : {"client-0", "client-1"}) {
-    REQUIRE(run("certs issue --ca " + (d / "ca").string() + " --name " + c +
-                " --role client --out " + (d / c).string())
-                .rc == 0);
-  }
+  starling::testing::make_cli_pki(d, {"client-0", "client-1"}, "ddpm-test");
   const int port = 20000 + static_cast<int>((getpid() + 7919) % 20000);
   const std::string common =
       "[rounds]\nnum_rounds = 2\nclients_per_round = 2\nmin_available = 2\nmin_updates = 2\n"
@@ -75,21 +67,16 @@ TEST_CASE("cli: a DDPM federation of an aggregator and two clients over TLS", "[
       "[model.ddpm]\nbase_channels = 4\nchannel_mult = [1, 2]\ngroups = 2\nattention = false\n"
       "timesteps = 20\nsampling_steps = 4\nnum_samples = 4\n"
       "[eval]\nevery_rounds = 1\nmax_examples = 8\n";
-  std::ofstream(d / "agg.toml") << "[tls]\nca = \"" << (d / "agg" / "ca.crt").string()
-                                << "\"\ncert = \"" << (d / "agg" / "aggregator.crt").string()
-                                << "\"\nkey = \"" << (d / "agg" / "aggregator.key").string()
-                                << "\"\n[server]\nport = " << port << "\nstate_dir = \""
+  std::ofstream(d / "agg.toml") << starling::testing::aggregator_tls_toml(d)
+                                << "[server]\nport = " << port << "\nstate_dir = \""
                                 << (d / "state").string() << "\"\n"
                                 << common;
   for (int k = 0; k < 2; ++k) {
     const std::string name = "client-" + std::to_string(k);
-    std::ofstream(d / (name + ".toml"))
-        << "[tls]\nca = \"" << (d / name / "ca.crt").string() << "\"\ncert = \""
-        << (d / name / (name + ".crt")).string() << "\"\nkey = \""
-        << (d / name / (name + ".key")).string() << "\"\n"
-        << common << "[client]\nserver_port = " << port
-        << "\nserver_name = \"localhost\"\npartition_index = " << k
-        << "\nbackoff_max_ms = 300\nstate_path = \"none\"\n";
+    std::ofstream(d / (name + ".toml")) << starling::testing::client_tls_toml(d, name) << common
+                                        << "[client]\nserver_port = " << port
+                                        << "\nserver_name = \"localhost\"\npartition_index = " << k
+                                        << "\nbackoff_max_ms = 300\nstate_path = \"none\"\n";
   }
   ChildProcess agg = spawn("aggregator --config " + (d / "agg.toml").string(), d / "agg.log");
   ChildProcess c0 = spawn("client --config " + (d / "client-0.toml").string(), d / "client-0.log");

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tests/testing/child_process.h"
+#include "tests/testing/cli_federation.h"
 
 namespace fs = std::filesystem;
 
@@ -88,12 +89,7 @@ TEST_CASE("cli: client --check, SIGKILL during training, restart and rejoin", "[
   CHECK_THAT(check.out, Catch::Contains("1 check(s) failed"));
 
   ChildProcess agg = spawn("aggregator --config " + (d / "agg.toml").string(), d / "agg.log");
-  bool up = false;
-  for (int i = 0; i < 100 && !up; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    up = slurp(d / "agg.log").find("listening") != std::string::npos;
-  }
-  REQUIRE(up);
+  REQUIRE(starling::testing::wait_for_text(d / "agg.log", "listening"));
   check = run(client_args + " --check");
   INFO(check.out);
   CHECK(check.rc == 0);
