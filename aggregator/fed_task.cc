@@ -114,9 +114,6 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
   if (external) {
     check(!c.model().weights().empty(), "model.weights",
           "must name the initial weights (safetensors) when model.arch is EXTERNAL");
-    check(c.eval().every_rounds() == 0 || !c.model().eval_command().empty(), "eval.every_rounds",
-          "must be 0 when model.arch is EXTERNAL without model.eval_command (nothing built in "
-          "can evaluate your model)");
   }
   check(c.model().eval_command().empty() || external, "model.eval_command",
         "applies to model.arch EXTERNAL only");

@@ -7,7 +7,7 @@ install(TARGETS starling RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT c
 install(FILES packaging/client.example.toml README.md docs/edge.md
   DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT client)
 install(FILES packaging/starling-client.service
-  DESTINATION ${CMAKE_INSTALL_PREFIX}/lib/systemd/system COMPONENT client)
+  DESTINATION lib/systemd/system COMPONENT client)
 
 set(CPACK_PACKAGE_NAME starling)
 set(CPACK_PACKAGE_VENDOR "starling")
@@ -29,4 +29,6 @@ if(CMAKE_CROSSCOMPILING AND CMAKE_SYSTEM_PROCESSOR STREQUAL "aarch64")
   # dpkg-shlibdeps reads the arm64 libraries' symbols files from the multiarch packages.
   set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS /usr/lib/aarch64-linux-gnu)
 endif()
+# The .deb and tarball carry the client (binary, config, unit, docs), not the C++ package.
+set(CPACK_COMPONENTS_ALL client)
 include(CPack)

@@ -149,6 +149,17 @@ Status check_simulated_trainer(const v1::FederationConfig& c, std::string_view s
   return ok_status();
 }
 
+Status check_external_evaluation(const v1::FederationConfig& c, std::string_view source) {
+  if (c.model().arch() == v1::FedModelConfig::EXTERNAL && c.eval().every_rounds() > 0 &&
+      c.model().eval_command().empty()) {
+    return invalid_argument(std::string(source) +
+                            ": key 'eval.every_rounds' must be 0 when model.arch is EXTERNAL "
+                            "without model.eval_command (nothing built in can evaluate your "
+                            "model)");
+  }
+  return ok_status();
+}
+
 Result<compress::Layout> federation_layout(const v1::FederationConfig& c, std::string_view source) {
   if (c.model().arch() == v1::FedModelConfig::EXTERNAL) return external_layout(c, source, nullptr);
   if (is_task_model(c)) {

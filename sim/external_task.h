@@ -21,6 +21,10 @@ Result<std::unique_ptr<SimTask>> make_external_task(const v1::FederationConfig& 
 // and client.trainer otherwise (a C++ trainer simulates through starling::simulate_federation).
 Status check_simulated_trainer(const v1::FederationConfig& config, std::string_view source);
 
+// The aggregator evaluates an EXTERNAL model only through model.eval_command: InvalidArgument
+// naming eval.every_rounds when it is asked to evaluate without one.
+Status check_external_evaluation(const v1::FederationConfig& config, std::string_view source);
+
 // The layout of the federation's model: EXTERNAL from model.weights (names and shapes only),
 // the built-in kinds as their trainers lay them out. What an exec trainer's tensors must match.
 Result<compress::Layout> federation_layout(const v1::FederationConfig& config,

@@ -209,6 +209,7 @@ Result<RunSummary> run_simulation(const v1::FederationConfig& cfg, const std::st
   const std::string config_toml = config::to_toml(cfg);
   RETURN_IF_ERROR(write_file(dir / "config.toml", config_toml));
   RETURN_IF_ERROR(check_simulated_trainer(cfg, source));
+  RETURN_IF_ERROR(check_external_evaluation(cfg, source));
   ASSIGN_OR_RETURN(auto task, SimTask::create(cfg, source));
   spdlog::info("simulate: {}", task->describe());
 

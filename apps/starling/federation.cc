@@ -94,6 +94,7 @@ Status run_aggregator(const AggregatorArgs& args) {
   std::unique_ptr<sim::SimTask> task;
   if (sim::is_task_model(cfg)) {
     if (args.simulate) RETURN_IF_ERROR(sim::check_simulated_trainer(cfg, args.config));
+    RETURN_IF_ERROR(sim::check_external_evaluation(cfg, args.config));
     ASSIGN_OR_RETURN(task, sim::SimTask::create(cfg, args.config));
     spdlog::info("task: {}", task->describe());
   }
