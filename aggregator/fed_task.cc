@@ -46,8 +46,8 @@ void validate_diffusion_model(const v1::FederationConfig& c, Check& check) {
     model_status(edge_client::ddpm_trainer_options(c).model.validate());
   }
   if (!diffusion) {
-    check(c.model().local_optimizer() == v1::FedModelConfig::SGD, "model.local_optimizer",
-          "applies to model.arch MDLM and DDPM only");
+    check(c.model().local_optimizer() == v1::FedModelConfig::SGD || arch == v1::FedModelConfig::GPT,
+          "model.local_optimizer", "applies to model.arch GPT, MDLM and DDPM only");
     check(!c.model().has_diffusion(), "model.diffusion", "applies to model.arch MDLM only");
     check(!c.model().has_ddpm(), "model.ddpm", "applies to model.arch DDPM only");
   } else {

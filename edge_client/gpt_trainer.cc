@@ -37,9 +37,13 @@ Result<TrainReport> GptTrainer::train(std::span<const float> global, const v1::R
   const int64_t B = plan.batch_size();
   const int32_t* tok = tokens_->data() + begin_;
   std::vector<int32_t> x(static_cast<size_t>(B * T)), y(x.size());
-  LocalStepOptions steps_options;  // plain SGD, FedProx's term when prox_mu > 0
+  LocalStepOptions steps_options;  // SGD (FedProx's term when prox_mu > 0) or AdamW
+  steps_options.optimizer = options_.optimizer;
   steps_options.prox_mu = options_.prox_mu;
   steps_options.grad_clip = options_.grad_clip;
+  steps_options.beta1 = options_.beta1;
+  steps_options.beta2 = options_.beta2;
+  steps_options.weight_decay = options_.weight_decay;
   ASSIGN_OR_RETURN(
       const float loss,
       run_local_steps(

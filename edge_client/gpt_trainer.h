@@ -1,5 +1,6 @@
 // The local trainer of language-model clients: a char GPT (models/gpt) trained with minibatch
-// SGD (gradient clipping, FedProx's proximal term) on this client's slice of a token stream.
+// SGD (gradient clipping, FedProx's proximal term) or AdamW on this client's slice of a token
+// stream.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "edge_client/edge_client.h"
+#include "edge_client/local_steps.h"
 #include "models/gpt/gpt.h"
 
 namespace starling::edge_client {
@@ -16,6 +18,11 @@ struct GptTrainerOptions {
   uint32_t epochs = 1;     // used when the plan's local_steps is 0
   float prox_mu = 0.0f;    // FedProx: gradient += mu (w - w_global)
   float grad_clip = 1.0f;  // global gradient norm clip per step; 0: none
+  // [model] local_optimizer: SGD, or AdamW with fresh moments every round (adamw_*).
+  LocalStepOptions::Optimizer optimizer = LocalStepOptions::Optimizer::kSgd;
+  float beta1 = 0.9f;
+  float beta2 = 0.99f;
+  float weight_decay = 0.0f;
 };
 
 // Local steps of a round: the plan's local_steps, else epochs passes of ceil(windows / batch)

@@ -138,6 +138,11 @@ class ShakespeareTask final : public SimTask {
     options_.epochs = c.local().epochs();
     options_.prox_mu = c.local().prox_mu();
     options_.grad_clip = c.model().grad_clip();
+    const auto steps = edge_client::local_step_options(c);
+    options_.optimizer = steps.optimizer;
+    options_.beta1 = steps.beta1;
+    options_.beta2 = steps.beta2;
+    options_.weight_decay = steps.weight_decay;
     model_ = std::make_unique<models::Gpt>(options_.model, c.model().seed());
     layout_ = edge_client::layout_of(*model_);
   }

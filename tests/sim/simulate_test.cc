@@ -194,7 +194,7 @@ TEST_CASE("a loopback simulation runs the real aggregator over mutual TLS", "[si
   v1::FederationConfig cfg;
   REQUIRE(config::parse_toml(default_config_toml(), "default", &cfg).ok());
   REQUIRE(
-      apply_overrides({"simulate.num_clients=4", "rounds.num_rounds=2",
+      apply_overrides({"simulate.mode=LOOPBACK", "simulate.num_clients=4", "rounds.num_rounds=2",
                        "rounds.clients_per_round=3", "model.n_layer=1", "model.n_embd=16",
                        "model.block_size=16", "local.local_steps=2", "local.batch_size=4",
                        "eval.max_examples=16", "eval.every_rounds=1", "simulate.progress=false"},
@@ -288,10 +288,11 @@ TEST_CASE("every sim config loads and the embedded default is configs/sim_defaul
         std::string(default_config_toml()));
   v1::FederationConfig c;
   REQUIRE(config::parse_toml(default_config_toml(), "default", &c).ok());
-  CHECK(c.simulate().mode() == v1::FedSimulateConfig::LOOPBACK);
+  CHECK(c.simulate().mode() == v1::FedSimulateConfig::IN_PROCESS);
+  CHECK(c.simulate().central_baseline());
   CHECK(c.data().partition() == v1::FedDataConfig::ROLES);
   CHECK(c.model().arch() == v1::FedModelConfig::GPT);
-  CHECK(c.local().codec().rfind("topk", 0) == 0);
+  CHECK(c.local().codec().rfind("int8", 0) == 0);
   // Bad simulation input is an error naming the key.
   v1::FederationConfig bad = c;
   bad.mutable_data()->set_dataset("mnist");
