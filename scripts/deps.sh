@@ -9,7 +9,7 @@ PACKAGES=(
   libspdlog-dev libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
   libprotobuf-dev protobuf-compiler
   libasio-dev libssl-dev openssl
-  libpcre2-dev zlib1g-dev
+  libpcre2-dev zlib1g-dev libpng-dev
   libcurl4-openssl-dev
   prometheus-cpp-dev
   catch2

@@ -1,8 +1,11 @@
 // Local text and image data for clients.
 #include "core/data/local_data.h"
 
+#include <png.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <system_error>
 #include <utility>
@@ -98,12 +101,81 @@ Result<std::vector<int32_t>> read_local_tokens(const fs::path& path, const CharT
   return std::move(*ids);
 }
 
+namespace {
+
+// One PNG as 8-bit gray, rows x cols, appended to `set` with `label`.
+Status append_png(const fs::path& file, int32_t label, int64_t rows, int64_t cols, MnistSet* set) {
+  png_image image;
+  std::memset(&image, 0, sizeof image);
+  image.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_file(&image, file.c_str())) {
+    return data_loss(file.string() + ": not a readable PNG (" + image.message + ")");
+  }
+  if (static_cast<int64_t>(image.height) != rows || static_cast<int64_t>(image.width) != cols) {
+    const std::string size = std::to_string(image.width) + "x" + std::to_string(image.height);
+    png_image_free(&image);
+    return invalid_argument(file.string() + ": the image is " + size + ", the model takes " +
+                            std::to_string(cols) + "x" + std::to_string(rows));
+  }
+  image.format = PNG_FORMAT_GRAY;
+  std::vector<uint8_t> pixels(PNG_IMAGE_SIZE(image));
+  if (!png_image_finish_read(&image, nullptr, pixels.data(), 0, nullptr)) {
+    const std::string why = image.message;
+    png_image_free(&image);
+    return data_loss(file.string() + ": corrupt PNG (" + why + ")");
+  }
+  for (uint8_t p : pixels) set->images.push_back(static_cast<float>(p) / 255.0f);
+  set->labels.push_back(label);
+  return ok_status();
+}
+
+Result<MnistSet> read_png_folders(const fs::path& dir, int64_t rows, int64_t cols) {
+  MnistSet set;
+  set.rows = rows;
+  set.cols = cols;
+  for (int32_t label = 0; label <= 9; ++label) {
+    const fs::path sub = dir / std::to_string(label);
+    std::error_code ec;
+    if (!fs::is_directory(sub, ec)) continue;
+    std::vector<fs::path> files;
+    for (const auto& entry : fs::directory_iterator(sub, ec)) {
+      if (!entry.is_regular_file()) continue;
+      if (entry.path().extension() != ".png") {
+        return invalid_argument("data.path " + dir.string() + ": " + entry.path().string() +
+                                " is not a .png (a label folder holds PNG images only)");
+      }
+      files.push_back(entry.path());
+    }
+    if (ec) return unavailable("data.path " + sub.string() + ": " + ec.message());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) RETURN_IF_ERROR(append_png(f, label, rows, cols, &set));
+  }
+  return set;
+}
+
+bool has_label_folders(const fs::path& dir) {
+  std::error_code ec;
+  for (int label = 0; label <= 9; ++label) {
+    if (fs::is_directory(dir / std::to_string(label), ec)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 Result<MnistSet> read_local_images(const fs::path& dir, int64_t rows, int64_t cols) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     return not_found("data.path " + dir.string() +
                      ": no such folder (it must hold train-images-idx3-ubyte[.gz] and "
-                     "train-labels-idx1-ubyte[.gz])");
+                     "train-labels-idx1-ubyte[.gz], or label folders 0 to 9 of PNG images)");
+  }
+  const bool idx = fs::exists(dir / "train-images-idx3-ubyte", ec) ||
+                   fs::exists(dir / "train-images-idx3-ubyte.gz", ec);
+  if (!idx && has_label_folders(dir)) {
+    ASSIGN_OR_RETURN(MnistSet set, read_png_folders(dir, rows, cols));
+    if (set.size() == 0) return invalid_argument("data.path " + dir.string() + ": no images");
+    return set;
   }
   auto pick = [&](const std::string& base) {
     return fs::exists(dir / (base + ".gz"), ec) ? dir / (base + ".gz") : dir / base;

@@ -23,9 +23,11 @@ Result<std::string> read_local_text(const std::filesystem::path& path);
 Result<std::vector<int32_t>> read_local_tokens(const std::filesystem::path& path,
                                                const CharTokenizer& tok, int64_t min_tokens);
 
-// The labelled images of a folder: train-images-idx3-ubyte and train-labels-idx1-ubyte, each
-// gzip-compressed (.gz) or raw. Images must be rows x cols (the model's input). Errors name
-// the folder and the file.
+// The labelled images of a folder, in one of two layouts:
+//   IDX:  train-images-idx3-ubyte and train-labels-idx1-ubyte, each gzip-compressed (.gz) or raw;
+//   PNG:  one subfolder per label, 0 to 9, of .png files (any PNG colour type, read as 8-bit
+//         gray; files in name order, labels in order).
+// Images must be rows x cols (the model's input). Errors name the folder and the file.
 Result<MnistSet> read_local_images(const std::filesystem::path& dir, int64_t rows, int64_t cols);
 
 }  // namespace starling::data

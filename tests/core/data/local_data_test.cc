@@ -1,8 +1,12 @@
 // A client's own data ([data] path): text and JSON lines in the federation's vocabulary, and a
-// folder of IDX files; every error names the file, and the line where there is one.
+// folder of IDX files or of PNG label folders; every error names the file, and the line where there
+// is one.
 #include "core/data/local_data.h"
 
+#include <png.h>
+
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -94,6 +98,50 @@ TEST_CASE("local images: a folder of IDX files, checked against the model's inpu
   CHECK_THAT(read_local_images(dir, 28, 28).status().message(),
              Contains("train-labels-idx1-ubyte"));
   CHECK(read_local_images(dir / "none", 28, 28).status().code() == StatusCode::kNotFound);
+}
+
+// A w x h PNG written by libpng: gray when `rgb` is false, else RGB with gray = r = g = b.
+void write_png(const fs::path& path, uint32_t w, uint32_t h, uint8_t base, bool rgb) {
+  png_image image;
+  std::memset(&image, 0, sizeof image);
+  image.version = PNG_IMAGE_VERSION;
+  image.width = w;
+  image.height = h;
+  image.format = rgb ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
+  const uint32_t channels = rgb ? 3 : 1;
+  std::vector<uint8_t> px(static_cast<size_t>(w) * h * channels);
+  for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>(base + i / channels);
+  REQUIRE(png_image_write_to_file(&image, path.c_str(), 0, px.data(), 0, nullptr) != 0);
+}
+
+TEST_CASE("local images: label folders of PNG files, any colour type, checked", "[data]") {
+  const fs::path dir = fs::temp_directory_path() / "own_pngs";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "3");
+  fs::create_directories(dir / "7");
+  write_png(dir / "3" / "b.png", 28, 28, 10, false);
+  write_png(dir / "3" / "a.png", 28, 28, 20, true);
+  write_png(dir / "7" / "x.png", 28, 28, 30, false);
+  auto set = read_local_images(dir, 28, 28);
+  REQUIRE(set.ok());
+  REQUIRE(set->size() == 3);
+  CHECK(set->labels == std::vector<int32_t>{3, 3, 7});  // label order, then file name order
+  CHECK(set->images[0] == 20.0f / 255.0f);              // a.png (RGB, read as gray)
+  CHECK(set->images[784] == 10.0f / 255.0f);            // b.png
+  CHECK(set->images[2 * 784 + 5] == 35.0f / 255.0f);    // x.png, pixel 5
+  // The wrong size, a file that is not a PNG, and something else in a label folder.
+  write_png(dir / "7" / "y.png", 20, 28, 0, false);
+  CHECK_THAT(read_local_images(dir, 28, 28).status().message(),
+             Contains("y.png") && Contains("20x28") && Contains("28x28"));
+  fs::remove(dir / "7" / "y.png");
+  std::ofstream(dir / "7" / "z.png") << "not a png";
+  CHECK_THAT(read_local_images(dir, 28, 28).status().message(),
+             Contains("z.png") && Contains("not a readable PNG"));
+  fs::remove(dir / "7" / "z.png");
+  std::ofstream(dir / "7" / "labels.txt") << "7\n";
+  CHECK_THAT(read_local_images(dir, 28, 28).status().message(),
+             Contains("labels.txt") && Contains("is not a .png"));
+  fs::remove_all(dir);
 }
 
 }  // namespace
