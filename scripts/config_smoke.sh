@@ -33,6 +33,7 @@ else
 fi
 
 export STARLING_DATA_DIR="$repo/tests/fixtures/data"
+export STARLING_NO_DOWNLOAD=1  # the fixtures or nothing: never fetch into the repository
 export OMP_NUM_THREADS=1
 # Every ASan, LeakSanitizer and UBSan finding aborts the process, so the config fails. Where
 # LeakSanitizer cannot run (under ptrace, e.g. strace or gdb, or a container that refuses it:

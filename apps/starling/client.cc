@@ -12,6 +12,7 @@
 
 #include "aggregator/fed_task.h"
 #include "apps/starling/commands.h"
+#include "apps/starling/fetch_data.h"
 #include "apps/starling/io_loop.h"
 #include "core/data/data_dir.h"
 #include "core/data/local_data.h"
@@ -176,6 +177,7 @@ Status run_task_client(const ClientArgs& args, const Setup& s) {
 
 Status run_client(const ClientArgs& args) {
   ASSIGN_OR_RETURN(Setup s, setup(args));
+  RETURN_IF_ERROR(fetch_federation_data(s.cfg));
   RETURN_IF_ERROR(sim::check_simulated_trainer(s.cfg, args.config));
   if (sim::is_task_model(s.cfg) || exec_trainer(s)) return run_task_client(args, s);
   std::vector<int64_t> indices;

@@ -16,6 +16,7 @@
 #include "aggregator/fed_task.h"
 #include "aggregator/monitor.h"
 #include "apps/starling/commands.h"
+#include "apps/starling/fetch_data.h"
 #include "apps/starling/io_loop.h"
 #include "core/net/certs.h"
 #include "core/net/tls.h"
@@ -90,6 +91,7 @@ Status run_aggregator(const AggregatorArgs& args) {
   asio::io_context io;
   ASSIGN_OR_RETURN(auto cfg, aggregator::load_federation_config(args.config));
   if (args.num_rounds) cfg.mutable_rounds()->set_num_rounds(args.num_rounds);
+  RETURN_IF_ERROR(fetch_federation_data(cfg));
   // GPT, MDLM and DDPM: model, evaluation and simulated clients' trainers from the SimTask.
   std::unique_ptr<sim::SimTask> task;
   if (sim::is_task_model(cfg)) {

@@ -11,6 +11,7 @@
 
 #include "aggregator/fed_task.h"
 #include "apps/starling/commands.h"
+#include "apps/starling/fetch_data.h"
 #include "core/config/toml_config.h"
 #include "gossip/task.h"
 #include "sim/run.h"
@@ -121,6 +122,7 @@ Status run(const SimulateArgs& args) {
       runs.emplace_back(name, std::move(c));
     }
   }
+  for (const auto& [name, c] : runs) RETURN_IF_ERROR(fetch_federation_data(c));
   sim::RunOptions o;
   o.progress = !args.quiet;
   if (runs.size() == 1) {

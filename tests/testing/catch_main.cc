@@ -4,6 +4,7 @@
 // the run ends, passed or failed, so no test leaves a folder behind. Where no data directory is
 // found (a bare clone: no $STARLING_DATA_DIR, no ../shared/data), STARLING_DATA_DIR points at the
 // small cuts in tests/fixtures/data (tests/testing/test_data.h), so no test skips for want of data.
+// STARLING_NO_DOWNLOAD=1: nothing the suite runs fetches a dataset.
 #define CATCH_CONFIG_RUNNER
 #include <stdlib.h>
 
@@ -29,6 +30,9 @@ int main(int argc, char* argv[]) {
   }
   const std::filesystem::path own = buf.data();
   ::setenv("TMPDIR", own.c_str(), 1);
+  // Tests never download: a command a test runs with a dataset missing fails, naming the file
+  // (core/fetch/ensure.h); the download path itself is tested against a loopback server.
+  ::setenv("STARLING_NO_DOWNLOAD", "1", 1);
   if (!starling::data::resolve_data_dir("").ok()) {
     ::setenv("STARLING_DATA_DIR", STARLING_SOURCE_DIR "/tests/fixtures/data", 1);
   }
