@@ -115,6 +115,9 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
     check(!c.model().weights().empty(), "model.weights",
           "must name the initial weights (safetensors) when model.arch is EXTERNAL");
   }
+  check(c.data().tokenizer() == v1::DataConfig::CHAR ||
+            (c.model().arch() == v1::FedModelConfig::GPT && c.data().dataset() == "shakespeare"),
+        "data.tokenizer", "GPT2 applies to model.arch GPT on data.dataset shakespeare only");
   check(c.model().eval_command().empty() || external, "model.eval_command",
         "applies to model.arch EXTERNAL only");
   check(c.model().weights().empty() || external, "model.weights",

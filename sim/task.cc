@@ -8,6 +8,7 @@
 
 #include "aggregator/fed_task.h"
 #include "core/autograd/autograd.h"
+#include "core/data/bpe_tokenizer.h"
 #include "core/data/char_tokenizer.h"
 #include "core/data/data_dir.h"
 #include "core/data/local_data.h"
@@ -105,20 +106,19 @@ class MnistTask final : public SimTask {
   compress::Layout layout_;
 };
 
-// The token ids of a client's own text for a char-level language model of `tok`.
+// The token ids of a client's own text for a language model of `tok`.
 Result<std::shared_ptr<const std::vector<int32_t>>> local_tokens(const std::filesystem::path& path,
-                                                                 const data::CharTokenizer& tok,
+                                                                 const data::Tokenizer& tok,
                                                                  int64_t block_size,
                                                                  std::string* describe) {
   ASSIGN_OR_RETURN(auto ids, data::read_local_tokens(path, tok, block_size + 1));
-  *describe =
-      fmt::format("local data {} ({} characters, never uploaded)", path.string(), ids.size());
+  *describe = fmt::format("local data {} ({} tokens, never uploaded)", path.string(), ids.size());
   return std::make_shared<const std::vector<int32_t>>(std::move(ids));
 }
 
 class ShakespeareTask final : public SimTask {
  public:
-  ShakespeareTask(const v1::FederationConfig& c, data::CharTokenizer tok,
+  ShakespeareTask(const v1::FederationConfig& c, std::shared_ptr<const data::Tokenizer> tok,
                   std::shared_ptr<const std::vector<int32_t>> train, std::vector<int64_t> bounds,
                   std::vector<int32_t> test, std::vector<std::string> names, int64_t minor)
       : config_(c),
@@ -128,7 +128,7 @@ class ShakespeareTask final : public SimTask {
         test_(std::move(test)),
         names_(std::move(names)),
         minor_(minor) {
-    options_.model.vocab_size = tokenizer_.vocab_size();
+    options_.model.vocab_size = tokenizer_->vocab_size();
     options_.model.block_size = c.model().block_size();
     options_.model.n_layer = c.model().n_layer();
     options_.model.n_head = c.model().n_head();
@@ -162,7 +162,8 @@ class ShakespeareTask final : public SimTask {
   }
   Result<std::unique_ptr<edge_client::LocalTrainer>> make_local_trainer(
       const std::filesystem::path& path, std::string* describe) const override {
-    ASSIGN_OR_RETURN(auto ids, local_tokens(path, tokenizer_, options_.model.block_size, describe));
+    ASSIGN_OR_RETURN(auto ids,
+                     local_tokens(path, *tokenizer_, options_.model.block_size, describe));
     const auto n = static_cast<int64_t>(ids->size());
     return std::unique_ptr<edge_client::LocalTrainer>(
         std::make_unique<edge_client::GptTrainer>(std::move(ids), 0, n, options_));
@@ -230,27 +231,28 @@ class ShakespeareTask final : public SimTask {
     rc.mutable_model()->set_pos_encoding(config_.model().pos_encoding());
     rc.mutable_model()->set_rope_base(config_.model().rope_base());
     rc.mutable_data()->set_dataset("tinyshakespeare");
+    rc.mutable_data()->set_tokenizer(config_.data().tokenizer());
     rc.mutable_data()->set_data_dir(config_.data().data_dir());
     rc.mutable_sample()->set_prompt("ROMEO:\n");
     // The checkpoint's val loss is the held-out loss of these weights (what `starling sample`
     // reports); a federation has no one train loss, so the round's mean is not repeated here.
     const TaskEval eval = evaluate_model(model);
-    return models::save_gpt_checkpoint(path, model, rc, tokenizer_,
+    return models::save_gpt_checkpoint(path, model, rc, *tokenizer_,
                                        {static_cast<int64_t>(round), 0.0, eval.loss});
   }
   std::string describe() const override {
     return fmt::format(
         "Tiny Shakespeare by speaking role: {} clients ({} train characters; {} minor roles {}), "
-        "char GPT L={} H={} C={} T={}, {} parameters",
+        "{} GPT L={} H={} C={} T={}, {} parameters",
         names_.size(), train_->size(), minor_,
-        config_.data().merge_minor_roles() ? "merged" : "dropped", options_.model.n_layer,
-        options_.model.n_head, options_.model.n_embd, options_.model.block_size,
-        model_->num_parameters());
+        config_.data().merge_minor_roles() ? "merged" : "dropped", tokenizer_->name(),
+        options_.model.n_layer, options_.model.n_head, options_.model.n_embd,
+        options_.model.block_size, model_->num_parameters());
   }
 
  private:
   v1::FederationConfig config_;
-  data::CharTokenizer tokenizer_;
+  std::shared_ptr<const data::Tokenizer> tokenizer_;
   std::shared_ptr<const std::vector<int32_t>> train_;
   std::vector<int64_t> bounds_;  // client k trains on train_[bounds_[k], bounds_[k + 1])
   std::vector<int32_t> test_;
@@ -272,16 +274,23 @@ Result<std::unique_ptr<SimTask>> make_shakespeare(const v1::FederationConfig& c,
   o.merge_minor = c.data().merge_minor_roles();
   o.test_fraction = c.data().test_fraction();
   ASSIGN_OR_RETURN(auto roles, data::split_by_role(text, o, file.string()), ctx);
-  ASSIGN_OR_RETURN(auto tok, data::CharTokenizer::from_corpus(text), ctx);
+  ASSIGN_OR_RETURN(auto chars, data::CharTokenizer::from_corpus(text), ctx);
+  std::shared_ptr<const data::Tokenizer> tok;
+  if (c.data().tokenizer() == v1::DataConfig::GPT2) {
+    ASSIGN_OR_RETURN(auto bpe, data::BpeTokenizer::load_gpt2(dir), ctx + ".tokenizer");
+    tok = std::make_shared<const data::BpeTokenizer>(std::move(bpe));
+  } else {
+    tok = std::make_shared<const data::CharTokenizer>(chars);
+  }
   auto train = std::make_shared<std::vector<int32_t>>();
   std::vector<int64_t> bounds{0};
   std::vector<int32_t> test;
   std::vector<std::string> names;
   for (const auto& r : roles.roles) {
-    ASSIGN_OR_RETURN(auto ids, tok.encode(r.train), ctx);
+    ASSIGN_OR_RETURN(auto ids, tok->encode(r.train), ctx);
     train->insert(train->end(), ids.begin(), ids.end());
     bounds.push_back(static_cast<int64_t>(train->size()));
-    ASSIGN_OR_RETURN(auto test_ids, tok.encode(r.test), ctx);
+    ASSIGN_OR_RETURN(auto test_ids, tok->encode(r.test), ctx);
     test.insert(test.end(), test_ids.begin(), test_ids.end());
     names.push_back(r.role);
   }
@@ -289,7 +298,7 @@ Result<std::unique_ptr<SimTask>> make_shakespeare(const v1::FederationConfig& c,
     return invalid_argument(ctx + ": the held-out text is shorter than one window");
   }
   if (c.model().arch() == v1::FedModelConfig::MDLM) {
-    return make_mdlm_task(c, source, std::move(tok), std::move(train), std::move(bounds),
+    return make_mdlm_task(c, source, std::move(chars), std::move(train), std::move(bounds),
                           std::move(test), std::move(names), roles.minor_roles);
   }
   return std::unique_ptr<SimTask>(new ShakespeareTask(c, std::move(tok), std::move(train),

@@ -64,12 +64,15 @@ Result<std::string> read_local_text(const fs::path& path) {
   return read_text_records(path, &records);
 }
 
-Result<std::vector<int32_t>> read_local_tokens(const fs::path& path, const CharTokenizer& tok,
+Result<std::vector<int32_t>> read_local_tokens(const fs::path& path, const Tokenizer& tokenizer,
                                                int64_t min_tokens) {
   std::vector<std::pair<size_t, size_t>> records;
   ASSIGN_OR_RETURN(const std::string text, read_text_records(path, &records));
-  auto ids = tok.encode(text);
+  auto ids = tokenizer.encode(text);
+  const auto* chars = dynamic_cast<const CharTokenizer*>(&tokenizer);
+  if (!ids.ok() && chars == nullptr) return ids.status().with_context(path.string());
   if (!ids.ok()) {
+    const CharTokenizer& tok = *chars;
     // Name the first byte outside the vocabulary and the line of the file it is on.
     const std::string& vocab = tok.vocab();
     size_t line = 1;

@@ -18,10 +18,10 @@ namespace starling::data {
 Result<std::string> read_local_text(const std::filesystem::path& path);
 
 // read_local_text encoded with `tok` (the federation's vocabulary). InvalidArgument naming the
-// file, line and character for the first character the vocabulary lacks, and for fewer than
-// `min_tokens` tokens.
+// file, line and character for the first character a char vocabulary lacks (the file and
+// byte offset for BPE's invalid UTF-8), and for fewer than `min_tokens` tokens.
 Result<std::vector<int32_t>> read_local_tokens(const std::filesystem::path& path,
-                                               const CharTokenizer& tok, int64_t min_tokens);
+                                               const Tokenizer& tok, int64_t min_tokens);
 
 // The labelled images of a folder, in one of two layouts:
 //   IDX:  train-images-idx3-ubyte and train-labels-idx1-ubyte, each gzip-compressed (.gz) or raw;

@@ -348,3 +348,39 @@ TEST_CASE("a gossip config runs gossip's simulation into a run folder and report
 
 }  // namespace
 }  // namespace starling::sim
+
+namespace starling::sim {
+namespace {
+
+TEST_CASE("a federated GPT on GPT-2's BPE tokens: trains, checkpoints, validated", "[sim]") {
+  if (!have_data("gpt2/encoder.json") || !have_data("tinyshakespeare/input.txt")) return;
+  const fs::path dir = fresh_dir("bpe");
+  v1::FederationConfig cfg;
+  REQUIRE(config::parse_toml(default_config_toml(), "default", &cfg).ok());
+  REQUIRE(apply_overrides({"data.tokenizer=GPT2", "rounds.num_rounds=2", "model.n_layer=1",
+                           "model.n_embd=16", "model.block_size=16", "local.local_steps=2",
+                           "local.batch_size=4", "eval.max_examples=8", "eval.every_rounds=1",
+                           "simulate.progress=false", "simulate.central_baseline=false"},
+                          &cfg)
+              .ok());
+  auto s = run_simulation(cfg, "bpe", quiet(dir));
+  REQUIRE(s.ok());
+  CHECK(s->rounds == 2);
+  CHECK_THAT(s->task, Contains("gpt2-bpe GPT"));
+  CHECK(s->final_loss > 0);
+  CHECK(s->final_loss < 12);  // ln(50257) = 10.8 at uniform
+  auto gpt = models::load_gpt_checkpoint(dir / "model.safetensors");
+  REQUIRE(gpt.ok());
+  CHECK(gpt->tokenizer->name() == "gpt2-bpe");
+  CHECK(gpt->tokenizer->vocab_size() == 50257);
+  CHECK(gpt->model->config().vocab_size == 50257);
+  // BPE is for the GPT only.
+  v1::FederationConfig mdlm = cfg;
+  mdlm.mutable_model()->set_arch(v1::FedModelConfig::MDLM);
+  CHECK_THAT(aggregator::validate_federation_config(mdlm, "m.toml").message(),
+             Contains("data.tokenizer"));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace starling::sim
