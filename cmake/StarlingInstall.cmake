@@ -4,6 +4,7 @@
 #   target_link_libraries(app PRIVATE starling::client)   # or starling::core, ...
 # (examples/cpp_client, docs/own_model.md). The libraries' include directories point into the
 # source and build trees while building and at include/starling once installed.
+include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(STARLING_PACKAGE_TARGETS
@@ -65,7 +66,7 @@ install(DIRECTORY core edge_client aggregator gossip sim models
   FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
 install(DIRECTORY ${PROJECT_BINARY_DIR}/core/wire/
   DESTINATION ${STARLING_INSTALL_INCLUDEDIR}/core/wire COMPONENT dev
-  FILES_MATCHING PATTERN "*.pb.h")
+  FILES_MATCHING PATTERN "*.pb.h" PATTERN "CMakeFiles" EXCLUDE)
 install(EXPORT starlingTargets NAMESPACE starling::
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/starling COMPONENT dev)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/starlingConfig.cmake.in

@@ -1012,4 +1012,18 @@ size_t Peer::drop_revoked(const std::set<std::string>& serials) {
   return revoked.size();
 }
 
+Status run_peer_to_end(asio::io_context& io, Peer& peer) {
+  peer.start();
+  while (!peer.done()) {
+    if (io.stopped()) io.restart();
+    io.run_one_for(std::chrono::milliseconds(100));
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  while (std::chrono::steady_clock::now() < until) {
+    if (io.stopped()) io.restart();
+    io.run_one_for(std::chrono::milliseconds(20));
+  }
+  return peer.error();
+}
+
 }  // namespace starling::gossip

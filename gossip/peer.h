@@ -108,4 +108,8 @@ class Peer {
   std::shared_ptr<Impl> impl_;
 };
 
+// Starts `peer` and runs `io` until it is done, then 200 ms more so its closing messages go
+// out; returns peer.error().
+Status run_peer_to_end(asio::io_context& io, Peer& peer);
+
 }  // namespace starling::gossip

@@ -9,6 +9,7 @@
 
 #include "core/config/toml_config.h"
 #include "core/data/data_dir.h"
+#include "core/util/rng.h"
 #include "edge_client/model_params.h"
 
 namespace starling::gossip {
@@ -109,6 +110,32 @@ TopologySpec topology_spec(const v1::GossipConfig& c) {
   t.torus_rows = static_cast<int>(c.topology().torus_rows());
   t.seed = c.topology().seed();
   return t;
+}
+
+PeerOptions peer_options(const v1::GossipConfig& cfg, const std::string& node_id, uint32_t index) {
+  PeerOptions o;
+  o.node_id = node_id;
+  o.listen_host = cfg.peer().listen_host();
+  o.listen_port = static_cast<uint16_t>(cfg.peer().listen_port());
+  o.advertise_host = cfg.peer().advertise_host();
+  o.seeds.assign(cfg.peer().seeds().begin(), cfg.peer().seeds().end());
+  o.seed_server_name = cfg.peer().seed_server_name();
+  o.heartbeat = Millis(cfg.peer().heartbeat_ms());
+  o.fail_timeout = Millis(cfg.peer().fail_timeout_ms());
+  o.round_timeout = Millis(cfg.peer().round_timeout_ms());
+  o.linger = Millis(cfg.peer().linger_ms());
+  o.round_interval = Millis(cfg.peer().round_interval_ms());
+  o.min_peers = cfg.peer().min_peers();
+  o.num_rounds = cfg.rounds().num_rounds();
+  o.node = node_options(cfg);
+  o.node.seed = Rng(cfg.rounds().seed()).fork(index).next_u64();
+  o.topology = topology_spec(cfg);
+  o.local_steps = cfg.local().local_steps();
+  o.batch_size = cfg.local().batch_size();
+  o.learning_rate = cfg.local().learning_rate();
+  o.final_lr_fraction = cfg.local().final_lr_fraction();
+  o.seed = cfg.rounds().seed() + index;
+  return o;
 }
 
 NodeOptions node_options(const v1::GossipConfig& c) {

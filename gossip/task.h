@@ -17,6 +17,7 @@
 #include "core/data/partition.h"
 #include "core/wire/gossip.pb.h"
 #include "edge_client/mnist_trainer.h"
+#include "gossip/peer.h"
 #include "gossip/simulation.h"
 #include "models/mlp/mlp.h"
 
@@ -29,6 +30,10 @@ Status validate_gossip_config(const v1::GossipConfig& config, std::string_view s
 
 TopologySpec topology_spec(const v1::GossipConfig& config);
 NodeOptions node_options(const v1::GossipConfig& config);
+// [peer], [rounds], [local] and the node and topology options of peer `node_id` on partition
+// `index` (its seeds forked from rounds.seed), as `starling peer` runs it.
+PeerOptions peer_options(const v1::GossipConfig& config, const std::string& node_id,
+                         uint32_t index);
 SimulationOptions simulation_options(const v1::GossipConfig& config);
 // Peers of a simulation: simulate.num_peers, else data.num_clients.
 int simulated_peers(const v1::GossipConfig& config);

@@ -11,6 +11,8 @@
 #include "core/net/tls.h"
 #include "edge_client/device.h"
 #include "edge_client/fed_config.h"
+#include "gossip/peer.h"
+#include "gossip/task.h"
 
 namespace starling::sim {
 namespace {
@@ -98,6 +100,54 @@ Result<ClientRun> run_client(const std::filesystem::path& config,
   r.rounds_lost = client.rounds_lost();
   r.connections = client.connections();
   if (auto peak = edge_client::peak_rss_bytes(); peak.ok()) r.peak_rss_bytes = *peak;
+  return r;
+}
+
+Result<PeerRun> run_peer(const std::filesystem::path& config, edge_client::LocalTrainer& trainer,
+                         std::vector<float> initial, const ClientRunOptions& options) {
+  const std::string source = config.string();
+  ASSIGN_OR_RETURN(auto cfg, gossip::load_gossip_config(config));
+  ASSIGN_OR_RETURN(
+      auto tls,
+      net::load_tls_config(cfg.tls().ca(), cfg.tls().cert(), cfg.tls().key(), cfg.tls().crl()),
+      source + ": [tls]");
+  ASSIGN_OR_RETURN(auto cert, net::cert_from_pem(tls.cert_pem), source + ": [tls] cert");
+  const std::string cn = net::cert_identity(cert.get()).common_name;
+  const std::string node_id = !options.node_id.empty()        ? options.node_id
+                              : !cfg.peer().node_id().empty() ? cfg.peer().node_id()
+                                                              : cn;
+  if (node_id != cn) {
+    return invalid_argument(source + ": node id '" + node_id +
+                            "' differs from the certificate's CN '" + cn + "'");
+  }
+  ASSIGN_OR_RETURN(const int64_t numel, compress::validate_layout(trainer.layout()),
+                   "the trainer's layout");
+  if (static_cast<int64_t>(initial.size()) != numel) {
+    return invalid_argument("run_peer: an initial model of " + std::to_string(initial.size()) +
+                            " values for a layout of " + std::to_string(numel));
+  }
+  const uint32_t index = options.partition >= 0 ? static_cast<uint32_t>(options.partition)
+                                                : cfg.peer().partition_index();
+  ASSIGN_OR_RETURN(auto server_ctx, net::make_tls_context(tls, net::TlsSide::kServer), source);
+  ASSIGN_OR_RETURN(auto client_ctx, net::make_tls_context(tls, net::TlsSide::kClient), source);
+  asio::io_context io;
+  gossip::PeerOptions peer_options = gossip::peer_options(cfg, node_id, index);
+  peer_options.node.shared_init = true;  // every peer starts from the same `initial` (CHOCO)
+  ASSIGN_OR_RETURN(auto peer,
+                   gossip::Peer::create(io, server_ctx, client_ctx, peer_options, trainer.layout(),
+                                        std::move(initial), &trainer, {}));
+  spdlog::info("peer {}: your trainer ({} tensors), listening on port {}", node_id,
+               trainer.layout().size(), peer->port());
+  if (!cfg.peer().port_file().empty()) {
+    RETURN_IF_ERROR(
+        net::write_file(cfg.peer().port_file(), std::to_string(peer->port()) + "\n", 0644),
+        source + ": peer.port_file");
+  }
+  RETURN_IF_ERROR(gossip::run_peer_to_end(io, *peer));
+  PeerRun r;
+  r.rounds_completed = peer->rounds_completed();
+  r.bytes_sent = peer->bytes_sent();
+  r.params.assign(peer->params().begin(), peer->params().end());
   return r;
 }
 

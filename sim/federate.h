@@ -3,6 +3,8 @@
 // model, write local - global into the delta), then either
 //   starling::sim::run_client(config, trainer)    join a federation as `starling client` does:
 //                                                 [tls], [client], every codec and the state file
+//   starling::sim::run_peer(config, trainer, w0)  a peer of a serverless gossip federation, as
+//                                                 `starling peer` is (configs/gossip_*.toml)
 //   starling::sim::simulate_federation(...)       the whole federation on this machine, every
 //                                                 strategy, robust rule and emulation of
 //                                                 [simulate], with your trainers as its clients
@@ -42,6 +44,22 @@ struct ClientRun {
 Result<ClientRun> run_client(const std::filesystem::path& config,
                              edge_client::LocalTrainer& trainer,
                              const ClientRunOptions& options = {});
+
+struct PeerRun {
+  uint64_t rounds_completed = 0;
+  uint64_t bytes_sent = 0;
+  std::vector<float> params;  // this peer's model at the end
+};
+
+// Loads the gossip config at `config` (configs/gossip_*.toml: [tls], [peer] listen address,
+// seeds and timeouts, [topology], [algorithm] with its codec, [rounds], [local]) and runs
+// `trainer` as one peer over mutual TLS until its rounds are done, starting from `initial` (laid
+// out as trainer.layout(); every peer should start from the same model). The node id
+// (options.node_id, else [peer] node_id, else the certificate's CN) must be the CN; the
+// partition (options.partition, else [peer] partition_index) seeds its randomness. [task],
+// [data] and [eval] are not read: the model, data and evaluation are the trainer's.
+Result<PeerRun> run_peer(const std::filesystem::path& config, edge_client::LocalTrainer& trainer,
+                         std::vector<float> initial, const ClientRunOptions& options = {});
 
 // Evaluates a global model: test loss and (NaN when there is none) accuracy.
 using Evaluate = std::function<TaskEval(std::span<const float> global)>;

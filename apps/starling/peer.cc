@@ -17,7 +17,6 @@
 #include "core/net/certs.h"
 #include "core/net/reload_watch.h"
 #include "core/net/tls.h"
-#include "core/util/rng.h"
 #include "gossip/task.h"
 
 namespace starling::apps {
@@ -85,28 +84,7 @@ Status run_peer(const PeerArgs& args) {
   ASSIGN_OR_RETURN(auto client_ctx, net::make_tls_context(tls, net::TlsSide::kClient));
   ASSIGN_OR_RETURN(auto metrics, gossip::JsonLines::open(cfg.peer().metrics_path()));
 
-  gossip::PeerOptions o;
-  o.node_id = node_id;
-  o.listen_host = cfg.peer().listen_host();
-  o.listen_port = static_cast<uint16_t>(cfg.peer().listen_port());
-  o.advertise_host = cfg.peer().advertise_host();
-  o.seeds.assign(cfg.peer().seeds().begin(), cfg.peer().seeds().end());
-  o.seed_server_name = cfg.peer().seed_server_name();
-  o.heartbeat = gossip::Millis(cfg.peer().heartbeat_ms());
-  o.fail_timeout = gossip::Millis(cfg.peer().fail_timeout_ms());
-  o.round_timeout = gossip::Millis(cfg.peer().round_timeout_ms());
-  o.linger = gossip::Millis(cfg.peer().linger_ms());
-  o.round_interval = gossip::Millis(cfg.peer().round_interval_ms());
-  o.min_peers = cfg.peer().min_peers();
-  o.num_rounds = cfg.rounds().num_rounds();
-  o.node = gossip::node_options(cfg);
-  o.node.seed = Rng(cfg.rounds().seed()).fork(index).next_u64();
-  o.topology = gossip::topology_spec(cfg);
-  o.local_steps = cfg.local().local_steps();
-  o.batch_size = cfg.local().batch_size();
-  o.learning_rate = cfg.local().learning_rate();
-  o.final_lr_fraction = cfg.local().final_lr_fraction();
-  o.seed = cfg.rounds().seed() + index;
+  const gossip::PeerOptions o = gossip::peer_options(cfg, node_id, index);
 
   const uint32_t every = cfg.eval().every_rounds();
   const uint32_t rounds = cfg.rounds().num_rounds();
@@ -172,18 +150,7 @@ Status run_peer(const PeerArgs& args) {
           return ok_status();
         });
   }
-  peer->start();
-  while (!peer->done()) {
-    if (io.stopped()) io.restart();
-    io.run_one_for(std::chrono::milliseconds(100));
-  }
-  // Let the closing handshakes go out.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-  while (std::chrono::steady_clock::now() < until) {
-    if (io.stopped()) io.restart();
-    io.run_one_for(std::chrono::milliseconds(20));
-  }
-  RETURN_IF_ERROR(peer->error());
+  RETURN_IF_ERROR(gossip::run_peer_to_end(io, *peer));
   const auto final_eval = task->evaluate(peer->params());
   spdlog::info("peer {}: done after {} rounds; {} bytes sent; mean parameter {:.6g}{}", node_id,
                peer->rounds_completed(), peer->bytes_sent(), final_eval.mean_value,

@@ -4,6 +4,7 @@
 // only the documented interface: edge_client::LocalTrainer and sim/federate.h.
 //   cpp_client init WEIGHTS                write the initial model (zeros) for model.weights
 //   cpp_client run CONFIG [PARTITION]      join the federation of CONFIG over mutual TLS
+//   cpp_client peer GOSSIP_CONFIG [PARTITION]   a peer of a serverless gossip federation
 //   cpp_client simulate CONFIG OUT_DIR     the whole federation of CONFIG on this machine
 //   cpp_client eval MODEL                  mean squared error of a model file on held-out data
 #include <cmath>
@@ -120,6 +121,18 @@ int main(int argc, char** argv) {
     std::printf("cpp_client: %d rounds trained\n", r->rounds_trained);
     return 0;
   }
+  if (cmd == "peer" && (argc == 3 || argc == 4)) {
+    const int partition = argc == 4 ? std::atoi(argv[3]) : 0;
+    LinRegTrainer trainer(partition);
+    starling::sim::ClientRunOptions options;
+    options.partition = partition;
+    auto r = starling::sim::run_peer(argv[2], trainer, std::vector<float>(5, 0.0f), options);
+    if (!r.ok()) return fail(r.status());
+    std::printf("cpp_client: peer %llu rounds, mse %.5f\n",
+                static_cast<unsigned long long>(r->rounds_completed),
+                mse(r->params, examples(10'000, 200)));
+    return 0;
+  }
   if (cmd == "simulate" && argc == 4) {
     const auto test = examples(10'000, 200);
     auto r = starling::sim::simulate_federation(
@@ -143,7 +156,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::fprintf(stderr,
-               "usage: cpp_client init WEIGHTS | run CONFIG [PARTITION] | simulate CONFIG OUT_DIR "
-               "| eval MODEL\n");
+               "usage: cpp_client init WEIGHTS | run CONFIG [PARTITION] | peer GOSSIP_CONFIG "
+               "[PARTITION] | simulate CONFIG OUT_DIR | eval MODEL\n");
   return 2;
 }

@@ -22,6 +22,10 @@ fail() {
 }
 
 cmake --install "$build" --prefix "$work/prefix" >"$work/install.log"
+# Everything lands under the prefix: nothing with an absolute destination of its own.
+if grep -v "^$work/prefix/" "$build/install_manifest.txt" | grep -q .; then
+  fail "cmake --install wrote outside the prefix: $(grep -v "^$work/prefix/" "$build/install_manifest.txt" | head -3)"
+fi
 [[ -f $work/prefix/lib/cmake/starling/starlingConfig.cmake ]] || fail "no CMake package installed"
 [[ -f $work/prefix/include/starling/sim/federate.h ]] || fail "no headers installed"
 [[ -f $work/prefix/include/starling/core/wire/messages.pb.h ]] || fail "no generated headers"
@@ -122,4 +126,64 @@ for mode in IN_PROCESS LOOPBACK; do
   awk -v m="$smse" 'BEGIN { exit !(m < 0.05) }' || fail "simulated ($mode) MSE $smse"
   echo "simulated ($mode): MSE $smse"
 done
-echo "examples/cpp_client: built against the installed prefix, federated and simulated"
+# Two cpp_client processes as the peers of a serverless gossip federation (D-PSGD) over mutual
+# TLS: peer-1 joins through peer-0.
+for k in 0 1; do
+  "$starling" --log-level warn certs issue --ca "$work/ca" --name "peer-$k" --role peer \
+    --san DNS:localhost,IP:127.0.0.1 --out "$work/p$k"
+done
+p0=$((port + 1))
+p1=$((port + 2))
+for k in 0 1; do
+  seeds="[]"
+  [[ $k == 1 ]] && seeds="[\"127.0.0.1:$p0\"]"
+  lp=$p0
+  [[ $k == 1 ]] && lp=$p1
+  cat >"$work/peer-$k.toml" <<TOML
+[tls]
+ca = "$work/p$k/ca.crt"
+cert = "$work/p$k/peer-$k.crt"
+key = "$work/p$k/peer-$k.key"
+[peer]
+listen_host = "127.0.0.1"
+listen_port = $lp
+seeds = $seeds
+seed_server_name = "localhost"
+partition_index = $k
+min_peers = 2
+heartbeat_ms = 200
+linger_ms = 500
+[topology]
+kind = "COMPLETE"
+[algorithm]
+kind = "DPSGD"
+codec = "identity"
+[rounds]
+num_rounds = 5
+seed = 1
+[local]
+local_steps = 20
+batch_size = 16
+learning_rate = 0.1
+[task]
+kind = "CONSENSUS"
+[data]
+num_clients = 2
+TOML
+done
+peer_pids=()
+for k in 0 1; do
+  "$client" peer "$work/peer-$k.toml" "$k" >"$work/peer-$k.log" 2>&1 &
+  pids+=($!)
+  peer_pids+=($!)
+  sleep 0.3
+done
+for p in "${peer_pids[@]}"; do wait "$p" || fail "a cpp_client peer exited with an error"; done
+for k in 0 1; do
+  line=$(grep "cpp_client: peer" "$work/peer-$k.log") || fail "peer-$k printed no result"
+  echo "$line" | grep -q "peer 5 rounds" || fail "peer-$k: $line"
+  pmse=$(echo "$line" | sed -n 's/.*mse \([0-9.]*\).*/\1/p')
+  awk -v m="$pmse" 'BEGIN { exit !(m < 0.05) }' || fail "peer-$k's MSE $pmse"
+  echo "gossip peer-$k over mutual TLS: 5 rounds, MSE $pmse"
+done
+echo "examples/cpp_client: built against the installed prefix, federated, gossiped and simulated"
