@@ -7,6 +7,7 @@
 #include "aggregator/dp.h"
 #include "core/io/safetensors.h"
 #include "core/net/chunk_stream.h"
+#include "edge_client/model_params.h"
 
 namespace starling::aggregator {
 namespace {
@@ -39,13 +40,6 @@ Tensor flat_tensor(const std::vector<float>& v, int64_t offset, const Shape& sha
   return t;
 }
 
-io::StateDict model_dict(const compress::Layout& layout, const std::vector<float>& flat) {
-  io::StateDict sd;
-  for (const auto& info : layout)
-    sd.emplace_back(info.name, flat_tensor(flat, info.offset, info.shape));
-  return sd;
-}
-
 Result<uint64_t> parse_u64(const std::map<std::string, std::string>& md, const std::string& key) {
   auto it = md.find(key);
   if (it == md.end()) return data_loss("round state lacks metadata '" + key + "'");
@@ -67,7 +61,7 @@ Status save_round_state(const fs::path& dir, const compress::Layout& layout,
   fs::create_directories(dir, ec);
   if (ec)
     return internal_error("cannot create state directory " + dir.string() + ": " + ec.message());
-  io::StateDict sd = model_dict(layout, state.global);
+  io::StateDict sd = edge_client::layout_tensors(layout, state.global);
   RETURN_IF_ERROR(io::save_safetensors(
                       dir / kModelFile, sd,
                       {{"round", std::to_string(state.round)}, {"format", "starling-federation"}}),

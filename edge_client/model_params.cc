@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <set>
 #include <string>
 
@@ -74,12 +75,13 @@ Status read_layout_tensors(const io::SafetensorsFile& file, const compress::Layo
                               (layout.empty() ? std::string() : layout.front().name) + "')");
     }
   }
+  std::map<std::string_view, const Tensor*> by_name;
+  for (const auto& [name, t] : file.tensors) by_name.emplace(name, &t);
   for (const auto& info : layout) {
-    const Tensor* found = nullptr;
-    for (const auto& [name, t] : file.tensors) {
-      if (name == info.name) found = &t;
-    }
-    if (found == nullptr) return invalid_argument(src + ": tensor '" + info.name + "' is missing");
+    const auto it = by_name.find(info.name);
+    if (it == by_name.end())
+      return invalid_argument(src + ": tensor '" + info.name + "' is missing");
+    const Tensor* found = it->second;
     if (found->shape() != info.shape) {
       return invalid_argument(src + ": tensor '" + info.name + "' has shape " +
                               shape_text(found->shape()) + ", the model's is " +

@@ -25,16 +25,6 @@
 namespace starling::sim {
 namespace {
 
-io::StateDict model_dict(const compress::Layout& layout, std::span<const float> flat) {
-  io::StateDict sd;
-  for (const auto& info : layout) {
-    Tensor t = Tensor::uninitialized(info.shape);
-    std::memcpy(t.data<float>(), flat.data() + info.offset, static_cast<size_t>(t.numel()) * 4);
-    sd.emplace_back(info.name, std::move(t));
-  }
-  return sd;
-}
-
 class MnistTask final : public SimTask {
  public:
   MnistTask(const v1::FederationConfig& c, std::shared_ptr<const data::MnistSet> train,
@@ -72,7 +62,7 @@ class MnistTask final : public SimTask {
   Status save_model(const std::filesystem::path& path, std::span<const float> global,
                     uint64_t round) const override {
     return io::save_safetensors(
-        path, model_dict(layout_, global),
+        path, edge_client::layout_tensors(layout_, global),
         {{"format", "starling-federation"},
          {"round", std::to_string(round)},
          {"model", config_.model().arch() == v1::FedModelConfig::CNN ? "cnn" : "mlp"},
