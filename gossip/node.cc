@@ -82,6 +82,23 @@ Result<std::string> GossipNode::make_message() {
   return compress::serialize_update(encoded_);
 }
 
+Status GossipNode::restore(std::span<const float> x, std::span<const float> public_copy,
+                           std::span<const float> codec_state) {
+  if (x.size() != x_.size()) {
+    return invalid_argument("gossip node: restored model has " + std::to_string(x.size()) +
+                            " parameters, expected " + std::to_string(x_.size()));
+  }
+  if (public_copy.size() != xhat_.size()) {
+    return invalid_argument("gossip node: restored public copy has " +
+                            std::to_string(public_copy.size()) + " values, expected " +
+                            std::to_string(xhat_.size()));
+  }
+  RETURN_IF_ERROR(codec_->restore_state(codec_state), "gossip node: restoring the codec state");
+  x_.assign(x.begin(), x.end());
+  xhat_.assign(public_copy.begin(), public_copy.end());
+  return ok_status();
+}
+
 std::string GossipNode::snapshot() const {
   compress::EncodedUpdate u;
   u.numel = static_cast<int64_t>(xhat_.size());

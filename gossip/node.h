@@ -93,6 +93,15 @@ class GossipNode {
   // Replaces x (catch-up from a neighbour's model); CHOCO public copies are kept.
   Status set_params(std::span<const float> x);
 
+  // What a restart must restore to go on exactly where the node was: CHOCO's own public copy
+  // (empty otherwise) and the codec's persistent_state() (the error-feedback residual).
+  std::span<const float> public_copy() const { return xhat_; }
+  std::span<const float> codec_state() const { return codec_->persistent_state(); }
+  // Restores x, the public copy and the codec state saved from a node made with the same
+  // options and layout. InvalidArgument when a size does not match; on error nothing changes.
+  Status restore(std::span<const float> x, std::span<const float> public_copy,
+                 std::span<const float> codec_state);
+
   // CHOCO: whether a public copy of `peer` is held; forget() drops it (the link went away).
   bool has_copy(const std::string& peer) const { return copies_.count(peer) > 0; }
   void forget(const std::string& peer) { copies_.erase(peer); }

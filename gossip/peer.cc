@@ -2,6 +2,7 @@
 // synchronous rounds (D-PSGD, CHOCO-SGD), push-pull exchanges and catch-up.
 #include "gossip/peer.h"
 
+#include <signal.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "core/util/rng.h"
 #include "core/wire/envelope.h"
 #include "gossip/membership.h"
+#include "gossip/peer_state.h"
 #include "gossip/simulation.h"
 
 namespace starling::gossip {
@@ -80,7 +82,9 @@ struct PastRound {
 // Rounds of PastRound kept: a message later than this is not mixed.
 constexpr uint64_t kPastRounds = 4;
 
-enum class Phase { kJoining, kWaiting, kExchanging, kPushWait, kLinger, kDone };
+// kResuming: restarted from a saved state, waiting (up to the failure timeout) for the members
+// it last saw, so that its first round is laid over the same topology as before the crash.
+enum class Phase { kJoining, kResuming, kWaiting, kExchanging, kPushWait, kLinger, kDone };
 
 std::string host_of(const std::string& address) { return address.substr(0, address.rfind(':')); }
 uint16_t port_of(const std::string& address) {
@@ -122,6 +126,7 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
   std::unique_ptr<GossipNode> node;
   std::unique_ptr<net::Server> server;
   std::unique_ptr<Membership> membership;
+  std::string self_address;  // host:port we advertise
   asio::steady_timer heartbeat_timer;
   asio::steady_timer phase_timer;
   Rng rng;
@@ -139,6 +144,16 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
   double round_loss = 0.0;
   bool caught_up = false;
   bool catch_up_requested = false;
+  // Resuming from a saved state.
+  uint64_t resumed_at = 0;
+  bool resumed = false;  // the next round report says so
+  bool has_saved_state = false;
+  std::vector<std::pair<std::string, std::string>> saved_members;  // id, address
+  Clock::time_point resume_deadline{};
+  // Crash injection (PeerOptions::crash_point).
+  std::string crash_stage;
+  uint64_t crash_round = 0;
+  asio::steady_timer crash_timer{io};
   // Synchronous rounds.
   std::map<std::string, double> expected;  // sender -> fixed weight, or < 0 for Metropolis
   size_t my_degree = 0;
@@ -662,6 +677,7 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
     }
     for (auto& [id, link] : links) send_membership(*link);
     ensure_links();
+    if (phase == Phase::kResuming) dial_saved_members();
     if (links.empty() && pending.empty() && seed_dials == 0 && phase != Phase::kLinger) {
       for (const auto& s : options.seeds) dial(s, "", options.seed_server_name);
     }
@@ -674,9 +690,96 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
     });
   }
 
+  // ---- crash safety ----
+
+  void crash_if(std::string_view stage, uint64_t round1) {
+    if (crash_stage != stage || crash_round != round1) return;
+    spdlog::critical("peer {}: crash point {}@{}: SIGKILL", options.node_id, stage, round1);
+    spdlog::default_logger()->flush();
+    ::raise(SIGKILL);
+  }
+
+  // After a completed round: model and state, atomically, before anything of the next round.
+  Status save_state() {
+    PeerState st;
+    st.node_id = options.node_id;
+    st.algorithm = std::string(algorithm_name(node->options().algorithm));
+    st.codec = node->options().codec;
+    st.round = round;
+    st.messages_made = messages_made;
+    const auto x = node->params();
+    st.params.assign(x.begin(), x.end());
+    const auto xhat = node->public_copy();
+    st.public_copy.assign(xhat.begin(), xhat.end());
+    const auto cs = node->codec_state();
+    st.codec_state.assign(cs.begin(), cs.end());
+    for (const auto& id : membership->live_ids()) {
+      const auto address = id == options.node_id ? std::optional<std::string>(self_address)
+                                                 : membership->address_of(id);
+      st.members.emplace_back(id, address.value_or(""));
+    }
+    for (const auto& [r, p] : past) {
+      SavedRound sr;
+      sr.round = r;
+      sr.msg = *p.msg;
+      sr.degree = p.degree;
+      sr.sent_to = p.sent_to;
+      sr.missed = p.missed;
+      sr.own = p.own;
+      st.past.push_back(std::move(sr));
+    }
+    return save_peer_state(options.state_dir, layout, st);
+  }
+
+  void restore(PeerState st) {
+    round = st.round;
+    resumed_at = st.round;
+    messages_made = st.messages_made;
+    for (SavedRound& sr : st.past) {
+      PastRound& p = past[sr.round];
+      p.msg = std::make_shared<const std::string>(std::move(sr.msg));
+      p.degree = sr.degree;
+      p.sent_to = std::move(sr.sent_to);
+      p.missed = std::move(sr.missed);
+      p.own = std::move(sr.own);
+    }
+    saved_members = std::move(st.members);
+    has_saved_state = true;
+  }
+
+  // Dials the members of the saved view we have no connection to (a restarted peer may have no
+  // seed, or its seed may be the one that died).
+  void dial_saved_members() {
+    for (const auto& [id, address] : saved_members) {
+      if (id == options.node_id || address.empty() || links.count(id) || dialing.count(id)) {
+        continue;
+      }
+      const bool connecting = std::any_of(pending.begin(), pending.end(), [&](const auto& l) {
+        return l->dialed_by_me && l->expected_id == id;
+      });
+      if (!connecting) dial(address, id, "");
+    }
+  }
+
+  // kResuming ends when every member of the saved view is alive here again, or at the deadline.
+  bool resume_ready() {
+    std::vector<std::string> missing;
+    for (const auto& [id, address] : saved_members) {
+      if (id != options.node_id && !membership->is_alive(id)) missing.push_back(id);
+    }
+    if (!missing.empty() && Clock::now() < resume_deadline) return false;
+    for (const auto& id : missing) {
+      spdlog::warn("peer {}: resuming without {}: not seen within the failure timeout",
+                   options.node_id, id);
+    }
+    phase = Phase::kWaiting;
+    return true;
+  }
+
   // ---- rounds ----
 
   void maybe_begin() {
+    if (phase == Phase::kResuming && !stopped && !resume_ready()) return;
     if (phase != Phase::kWaiting || stopped) return;
     // min_peers gates the start of a network only; a running one goes on with who is left.
     if (round == 0 && membership->live_ids().size() < options.min_peers) return;
@@ -698,6 +801,14 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
   void begin_round() {
     if (stopped) return;
     if (round >= options.num_rounds) return finish();
+    if (!options.state_dir.empty() && !has_saved_state) {
+      // The first round this process runs from a model it did not restore (its own initial one,
+      // or a neighbour's after a catch-up): a state from here on, so that even a crash in this
+      // round restarts where it began, with the members to dial.
+      const Status st = save_state();
+      if (!st.ok()) return fail(st.with_context("round " + std::to_string(round)));
+      has_saved_state = true;
+    }
     round_started = Clock::now();
     round_loss = 0.0;
     if (trainer) {
@@ -715,6 +826,7 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
       for (size_t k = 0; k < x.size(); ++k) x[k] += delta[k];
       round_loss = report->loss;
     }
+    crash_if("trained", round + 1);
     const auto ids = membership->live_ids();
     const auto p = std::find(ids.begin(), ids.end(), options.node_id) - ids.begin();
     deadline = Clock::now() + options.round_timeout;
@@ -758,6 +870,13 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
     for (const auto& id : send_targets_) {
       auto it = links.find(id);
       if (it != links.end()) send_round(*it->second);
+    }
+    if (crash_stage == "sent" && crash_round == round + 1) {
+      // Time for the queued bytes to leave (check_round fires first if the round completes).
+      crash_timer.expires_after(Millis(100));
+      crash_timer.async_wait([weak = weak_from_this(), r = round + 1](const asio::error_code& ec) {
+        if (auto self = weak.lock(); self && !ec) self->crash_if("sent", r);
+      });
     }
     ensure_links();
     check_round();
@@ -815,6 +934,7 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
                        ? "it is at round " + std::to_string(lr->second)
                        : "timed out");
     }
+    crash_if("sent", round + 1);
     std::vector<Incoming> in;
     double total = 0.0;
     const bool choco = node->options().algorithm == Algorithm::kChoco;
@@ -859,11 +979,19 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
     r.bytes_sent = bytes;
     r.seconds = std::chrono::duration<double>(Clock::now() - round_started).count();
     r.caught_up = caught_up;
+    r.resumed = resumed;
     caught_up = false;
+    resumed = false;
     inbox.erase(inbox.begin(), inbox.upper_bound(round));
     ++round;
     current_msg.reset();
     phase = Phase::kWaiting;
+    crash_if("mixed", round);
+    if (!options.state_dir.empty()) {
+      const Status st = save_state();
+      if (!st.ok()) return fail(st.with_context("round " + std::to_string(round)));
+    }
+    crash_if("saved", round);
     if (hook) hook(r, node->params());
     maybe_begin();
   }
@@ -893,6 +1021,7 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
     stopped = true;
     heartbeat_timer.cancel();
     phase_timer.cancel();
+    crash_timer.cancel();
     if (server) server->stop();
   }
 
@@ -920,11 +1049,44 @@ Result<std::unique_ptr<Peer>> Peer::create(asio::io_context& io,
   for (const auto& s : options.seeds) {
     if (port_of(s) == 0) return invalid_argument("peer: seed '" + s + "' is not host:port");
   }
+  std::string crash_stage;
+  uint64_t crash_round = 0;
+  if (!options.crash_point.empty()) {
+    const auto at = options.crash_point.find('@');
+    crash_stage = options.crash_point.substr(0, at);
+    try {
+      crash_round = at == std::string::npos ? 0 : std::stoull(options.crash_point.substr(at + 1));
+    } catch (const std::exception&) {
+      crash_round = 0;
+    }
+    const std::set<std::string> stages = {"trained", "sent", "mixed", "saved"};
+    if (!stages.count(crash_stage) || crash_round == 0) {
+      return invalid_argument("peer: crash point '" + options.crash_point +
+                              "' is not STAGE@ROUND (trained, sent, mixed, saved; round from 1)");
+    }
+  }
   auto impl = std::make_shared<Impl>(io, std::move(server_ctx), std::move(client_ctx), options,
                                      layout, trainer, std::move(hook));
   ASSIGN_OR_RETURN(impl->numel, compress::validate_layout(layout), "peer");
   ASSIGN_OR_RETURN(impl->node, GossipNode::create(options.node, layout, std::move(initial)),
                    "peer " + options.node_id);
+  impl->crash_stage = std::move(crash_stage);
+  impl->crash_round = crash_round;
+  if (!options.state_dir.empty()) {
+    auto saved =
+        load_peer_state(options.state_dir, layout, options.node_id,
+                        std::string(algorithm_name(options.node.algorithm)), options.node.codec);
+    if (saved.ok()) {
+      RETURN_IF_ERROR(impl->node->restore(saved->params, saved->public_copy, saved->codec_state),
+                      "peer " + options.node_id + ": " + options.state_dir);
+      const uint64_t at = saved->round;
+      impl->restore(std::move(*saved));
+      spdlog::info("peer {}: resumed from {}/{} after round {}", options.node_id, options.state_dir,
+                   kPeerStateFile, at);
+    } else if (saved.status().code() != StatusCode::kNotFound) {
+      return saved.status().with_context("peer " + options.node_id);
+    }
+  }
   net::ServerOptions so;
   so.host = options.listen_host;
   so.port = options.listen_port;
@@ -949,9 +1111,9 @@ Result<std::unique_ptr<Peer>> Peer::create(asio::io_context& io,
   const auto incarnation = static_cast<uint64_t>(
       std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch())
           .count());
-  impl->membership = std::make_unique<Membership>(options.node_id,
-                                                  host + ":" + std::to_string(impl->server->port()),
-                                                  incarnation, options.fail_timeout);
+  impl->self_address = host + ":" + std::to_string(impl->server->port());
+  impl->membership = std::make_unique<Membership>(options.node_id, impl->self_address, incarnation,
+                                                  options.fail_timeout);
   return std::unique_ptr<Peer>(new Peer(std::move(impl)));
 }
 
@@ -973,6 +1135,15 @@ Peer::~Peer() {
 
 void Peer::start() {
   auto& s = *impl_;
+  if (s.has_saved_state) {
+    // Our own state, not a neighbour's model: wait for the members we last saw, then go on.
+    s.phase = Phase::kResuming;
+    s.resumed = true;
+    s.resume_deadline = Clock::now() + s.options.fail_timeout;
+    s.dial_saved_members();
+    s.heartbeat();
+    return;
+  }
   s.phase = s.options.seeds.empty() ? Phase::kWaiting : Phase::kJoining;
   if (s.phase == Phase::kJoining) {
     // No catch-up answer in time: start from our own model.
@@ -997,6 +1168,7 @@ uint64_t Peer::rounds_completed() const { return impl_->round; }
 std::vector<std::string> Peer::live_members() const { return impl_->membership->live_ids(); }
 std::span<const float> Peer::params() const { return impl_->node->params(); }
 uint64_t Peer::bytes_sent() const { return impl_->bytes; }
+uint64_t Peer::resumed_at() const { return impl_->resumed_at; }
 size_t Peer::drop_revoked(const std::set<std::string>& serials) {
   std::vector<std::shared_ptr<Link>> revoked;
   for (const auto& [id, link] : impl_->links) {

@@ -54,6 +54,15 @@ struct PeerOptions {
   float final_lr_fraction = 1.0f;
   uint64_t seed = 1;
   uint32_t chunk_bytes = 1u << 20;
+  // Crash-safe state (gossip/peer_state.h); empty: none. With a state there, create() resumes
+  // from it: the model and round it saved, no catch-up, its recent messages resent.
+  std::string state_dir;
+  // Fault injection for crash tests: "STAGE@ROUND" makes the process SIGKILL itself at that
+  // stage of that (1-based) round: trained (local training done, no message made), sent (the
+  // round's message queued to the neighbours), mixed (the round mixed, its state not written),
+  // saved (the state written, the round hook not run). `starling peer` reads it from
+  // $STARLING_CRASH_POINT.
+  std::string crash_point;
 };
 
 struct PeerRoundReport {
@@ -65,6 +74,7 @@ struct PeerRoundReport {
   uint64_t bytes_sent = 0;  // payload bytes (encoded updates) since start
   double seconds = 0.0;
   bool caught_up = false;  // this round started from a neighbour's model
+  bool resumed = false;    // this round started from our own saved state
 };
 
 // Not thread-safe: everything (training included) runs on the io_context thread, so a round's
@@ -96,6 +106,8 @@ class Peer {
   std::vector<std::string> live_members() const;
   std::span<const float> params() const;
   uint64_t bytes_sent() const;
+  // The round the saved state put us at (0: started afresh).
+  uint64_t resumed_at() const;
   // Drops at once every link (registered or awaiting its Hello) whose peer certificate has one
   // of these serials (upper-case hex): after a CRL reload, revoked peers are cut off without
   // waiting for their next handshake. Returns how many were dropped.

@@ -126,6 +126,7 @@ PeerOptions peer_options(const v1::GossipConfig& cfg, const std::string& node_id
   o.linger = Millis(cfg.peer().linger_ms());
   o.round_interval = Millis(cfg.peer().round_interval_ms());
   o.min_peers = cfg.peer().min_peers();
+  o.state_dir = cfg.peer().state_dir();
   o.num_rounds = cfg.rounds().num_rounds();
   o.node = node_options(cfg);
   o.node.seed = Rng(cfg.rounds().seed()).fork(index).next_u64();

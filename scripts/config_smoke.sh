@@ -220,7 +220,7 @@ run_gossip_processes() {
   for ((k = 0; k < n; ++k)); do
     local sets=("tls.ca=\"$pki/ca/ca.crt\"" "tls.cert=\"$pki/peer-$k/peer-$k.crt\""
       "tls.key=\"$pki/peer-$k/peer-$k.key\"" "peer.listen_port=0" "peer.partition_index=$k"
-      "peer.metrics_path=\"$out/peer-$k.jsonl\"")
+      "peer.metrics_path=\"$out/peer-$k.jsonl\"" "peer.state_dir=\"$out/peer-$k-state\"")
     if ((k == 0)); then
       sets+=("peer.port_file=\"$out/peer-0.port\"")
     else

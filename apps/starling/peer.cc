@@ -7,6 +7,7 @@
 
 #include <asio/io_context.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -84,7 +85,10 @@ Status run_peer(const PeerArgs& args) {
   ASSIGN_OR_RETURN(auto client_ctx, net::make_tls_context(tls, net::TlsSide::kClient));
   ASSIGN_OR_RETURN(auto metrics, gossip::JsonLines::open(cfg.peer().metrics_path()));
 
-  const gossip::PeerOptions o = gossip::peer_options(cfg, node_id, index);
+  gossip::PeerOptions o = gossip::peer_options(cfg, node_id, index);
+  if (const char* crash = std::getenv("STARLING_CRASH_POINT"); crash && *crash) {
+    o.crash_point = crash;  // crash tests only (PeerOptions::crash_point)
+  }
 
   const uint32_t every = cfg.eval().every_rounds();
   const uint32_t rounds = cfg.rounds().num_rounds();
@@ -100,6 +104,7 @@ Status run_peer(const PeerArgs& args) {
         {"bytes_sent", r.bytes_sent},
         {"round_seconds", r.seconds},
         {"caught_up", r.caught_up},
+        {"resumed", r.resumed},
         {"elapsed_seconds",
          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
     const bool eval = (every > 0 && r.round % every == 0) || r.round == rounds;
