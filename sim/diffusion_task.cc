@@ -124,7 +124,11 @@ class DdpmTask final : public SimTask {
     }
   }
 
-  int num_clients() const override { return static_cast<int>(parts_.size()); }
+  // kServer: data.num_clients (no partition is computed).
+  int num_clients() const override {
+    return train_ ? static_cast<int>(parts_.size())
+                  : static_cast<int>(config_.data().num_clients());
+  }
   const compress::Layout& layout() const override { return layout_; }
   std::vector<float> initial_model() const override {
     return edge_client::flatten(models::Ddpm(options_.model, config_.model().seed()).net());
@@ -158,10 +162,12 @@ class DdpmTask final : public SimTask {
   std::string describe() const override {
     const char* part[] = {"IID", "Dirichlet", "shards", "roles"};
     return fmt::format(
-        "{} ({} train images), {} partition over {} clients; DDPM U-Net base {} mult [{}], T={}, "
+        "{} ({}), {} partition over {} clients; DDPM U-Net base {} mult [{}], T={}, "
         "{} parameters",
-        config_.data().dataset(), train_->size(),
-        part[static_cast<int>(config_.data().partition())], parts_.size(),
+        config_.data().dataset(),
+        train_ ? fmt::format("{} train images", train_->size())
+               : std::string("training images on the clients"),
+        part[static_cast<int>(config_.data().partition())], num_clients(),
         options_.model.unet.base_channels, fmt::join(options_.model.unet.channel_mult, ", "),
         options_.model.schedule.timesteps, model_->net().num_parameters());
   }
@@ -233,15 +239,20 @@ Result<std::unique_ptr<edge_client::LocalTrainer>> make_ddpm_client_trainer(
 }
 
 Result<std::unique_ptr<SimTask>> make_ddpm_task(const v1::FederationConfig& c,
-                                                std::string_view source) {
+                                                std::string_view source, TaskUse use) {
   const std::string ctx = std::string(source) + ": data";
-  ASSIGN_OR_RETURN(auto train, aggregator::load_split(c, true), ctx);
-  RETURN_IF_ERROR(check_ddpm_images(c, source, *train));
+  std::shared_ptr<const data::MnistSet> train;
+  data::Partition parts;
+  if (use == TaskUse::kSimulation) {
+    ASSIGN_OR_RETURN(train, aggregator::load_split(c, true), ctx);
+    RETURN_IF_ERROR(check_ddpm_images(c, source, *train));
+    ASSIGN_OR_RETURN(parts, aggregator::make_partition(c, *train), ctx);
+  }
   std::shared_ptr<const data::MnistSet> test;
   if (c.eval().every_rounds() > 0) {
     ASSIGN_OR_RETURN(test, aggregator::load_split(c, false), ctx);
+    RETURN_IF_ERROR(check_ddpm_images(c, source, *test));
   }
-  ASSIGN_OR_RETURN(auto parts, aggregator::make_partition(c, *train), ctx);
   return std::unique_ptr<SimTask>(
       new DdpmTask(c, std::move(train), std::move(test), std::move(parts)));
 }

@@ -35,9 +35,10 @@ Status check_ddpm_images(const v1::FederationConfig& config, std::string_view so
 Result<std::unique_ptr<edge_client::LocalTrainer>> make_ddpm_client_trainer(
     const v1::FederationConfig& config, std::string_view source, int partition, int64_t* images);
 
-// Loads [data] (train split, and the test split when [eval] every_rounds > 0), partitions it and
-// checks the images fit [model.ddpm] image_size / image_channels (errors name `source` and key).
+// Loads [data] (kSimulation: the train split, partitioned; the test split when [eval]
+// every_rounds > 0) and checks the images fit [model.ddpm] image_size / image_channels (errors
+// name `source` and key).
 Result<std::unique_ptr<SimTask>> make_ddpm_task(const v1::FederationConfig& config,
-                                                std::string_view source);
+                                                std::string_view source, TaskUse use);
 
 }  // namespace starling::sim

@@ -162,11 +162,10 @@ Status check_external_evaluation(const v1::FederationConfig& c, std::string_view
 
 Result<compress::Layout> federation_layout(const v1::FederationConfig& c, std::string_view source) {
   if (c.model().arch() == v1::FedModelConfig::EXTERNAL) return external_layout(c, source, nullptr);
-  if (is_task_model(c)) {
-    ASSIGN_OR_RETURN(auto task, SimTask::create(c, source));
-    return task->layout();
-  }
-  return edge_client::layout_of(*aggregator::make_model(c, 28 * 28));
+  v1::FederationConfig shape_only = c;  // no test split to load: only the layout is needed
+  shape_only.mutable_eval()->set_every_rounds(0);
+  ASSIGN_OR_RETURN(auto task, SimTask::create(shape_only, source, TaskUse::kServer));
+  return task->layout();
 }
 
 }  // namespace starling::sim

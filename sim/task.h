@@ -1,6 +1,6 @@
-// What a simulated federation trains, built from a FederationConfig: the MNIST 2NN on an image
-// partition, or a char GPT on Tiny Shakespeare split by speaking role. Clients are virtual:
-// make_trainer materializes one client's trainer only for the round it trains.
+// What a federation trains, built from a FederationConfig by its model kind (sim/model_kind.h):
+// the aggregator's model and evaluation, and the trainers of simulated clients. Clients are
+// virtual: make_trainer materializes one client's trainer only for the round it trains.
 #pragma once
 
 #include <cstdint>
@@ -23,15 +23,20 @@ struct TaskEval {
   double accuracy = 0.0;  // label accuracy (MNIST) or next-character accuracy (GPT)
 };
 
-// Whether the config's model is one that only SimTask builds (GPT, MDLM, DDPM): `starling
-// aggregator` and `starling client` then take the model, trainer and evaluation from a SimTask.
-bool is_task_model(const v1::FederationConfig& config);
+// What a task is made for. kSimulation: every client's training data is loaded (virtual clients
+// train on it). kServer: the aggregator's view (model, evaluation, save): image kinds then load
+// the test split alone, and make_trainer, make_central_trainer and local_steps must not be called.
+enum class TaskUse { kSimulation, kServer };
 
+// The task of one model kind (sim/model_kind.h): what every role asks of the model a federation
+// trains.
 class SimTask {
  public:
-  // Loads the dataset of `config` (validated) and partitions it. Errors name `source` and the key.
+  // Validates `config`, then builds its model kind's task (sim/model_kinds.cc): loads the
+  // dataset and partitions it. Errors name `source` and the key.
   static Result<std::unique_ptr<SimTask>> create(const v1::FederationConfig& config,
-                                                 std::string_view source);
+                                                 std::string_view source,
+                                                 TaskUse use = TaskUse::kSimulation);
   virtual ~SimTask() = default;
 
   virtual int num_clients() const = 0;

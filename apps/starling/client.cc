@@ -26,8 +26,8 @@
 #include "edge_client/fed_config.h"
 #include "edge_client/mnist_trainer.h"
 #include "edge_client/preflight.h"
-#include "sim/diffusion_task.h"
 #include "sim/external_task.h"
+#include "sim/model_kind.h"
 #include "sim/task.h"
 
 namespace starling::apps {
@@ -67,67 +67,13 @@ Result<Setup> setup(const ClientArgs& args) {
   return s;
 }
 
-// This client's examples only: the partition is computed from the labels, and only its images
-// are converted to floats (never the whole training set).
-Result<std::shared_ptr<const data::MnistSet>> load_own_examples(const Setup& s,
-                                                                std::vector<int64_t>* indices) {
-  if (!s.cfg.data().path().empty()) {
-    // The device's own labelled images ([data] path): all of them, never uploaded.
-    ASSIGN_OR_RETURN(auto own, data::read_local_images(s.cfg.data().path(), 28, 28));
-    indices->resize(static_cast<size_t>(own.size()));
-    for (size_t i = 0; i < indices->size(); ++i) (*indices)[i] = static_cast<int64_t>(i);
-    return std::make_shared<const data::MnistSet>(std::move(own));
-  }
-  ASSIGN_OR_RETURN(auto dir, data::resolve_data_dir(s.cfg.data().data_dir()));
-  auto choose = [&](const data::MnistSet& labels) -> Result<std::vector<int64_t>> {
-    ASSIGN_OR_RETURN(auto parts, aggregator::make_partition(s.cfg, labels));
-    if (parts[s.partition].empty()) {
-      return failed_precondition("partition " + std::to_string(s.partition) + " has no examples");
-    }
-    return std::move(parts[s.partition]);
-  };
-  ASSIGN_OR_RETURN(auto own,
-                   data::load_mnist_split_subset(dir, s.cfg.data().dataset(), true, choose));
-  indices->resize(static_cast<size_t>(own.size()));
-  for (size_t i = 0; i < indices->size(); ++i) (*indices)[i] = static_cast<int64_t>(i);
-  return std::make_shared<const data::MnistSet>(std::move(own));
-}
-
-// The trainer of this client's partition for GPT, MDLM and DDPM. A DDPM client loads only its
-// own images, as the classifier clients do (the MNIST training split is 188 MB as floats); GPT
-// and MDLM clients take their speaking roles from the SimTask's split of Tiny Shakespeare (about
-// 1 MB of text in all). `describe` receives what was loaded.
-Result<std::unique_ptr<edge_client::LocalTrainer>> make_task_trainer(const ClientArgs& args,
+// The built-in trainer of this client's model kind (sim/model_kind.h), loading only what this
+// client trains on. `describe` receives what was loaded.
+Result<std::unique_ptr<edge_client::LocalTrainer>> make_kind_trainer(const ClientArgs& args,
                                                                      const Setup& s,
                                                                      std::string* describe) {
-  v1::FederationConfig cfg = s.cfg;
-  cfg.mutable_eval()->set_every_rounds(0);  // evaluation is the aggregator's
-  if (cfg.model().arch() == v1::FedModelConfig::DDPM) {
-    if (!cfg.data().path().empty()) {
-      return invalid_argument(args.config + ": data.path is not read by DDPM clients yet; they " +
-                              "train on their partition of data.dataset");
-    }
-    int64_t images = 0;
-    ASSIGN_OR_RETURN(auto trainer, sim::make_ddpm_client_trainer(
-                                       cfg, args.config, static_cast<int>(s.partition), &images));
-    *describe = "partition " + std::to_string(s.partition) + ": " + std::to_string(images) +
-                " images of " + cfg.data().dataset() + " (only these loaded), DDPM U-Net";
-    return trainer;
-  }
-  ASSIGN_OR_RETURN(auto task, sim::SimTask::create(cfg, args.config));
-  if (!cfg.data().path().empty()) {
-    std::string what;
-    ASSIGN_OR_RETURN(auto trainer, task->make_local_trainer(cfg.data().path(), &what), args.config);
-    *describe = what + "; " + task->describe();
-    return trainer;
-  }
-  if (static_cast<int>(s.partition) >= task->num_clients()) {
-    return invalid_argument(args.config + ": partition " + std::to_string(s.partition) +
-                            " >= the task's " + std::to_string(task->num_clients()) + " clients (" +
-                            task->describe() + ")");
-  }
-  *describe = task->describe();
-  return task->make_trainer(static_cast<int>(s.partition));
+  ASSIGN_OR_RETURN(const sim::ModelKind* kind, sim::model_kind(s.cfg, args.config));
+  return kind->make_client_trainer(s.cfg, args.config, s.partition, describe);
 }
 
 bool exec_trainer(const Setup& s) { return s.cfg.client().trainer() == v1::FedClientConfig::EXEC; }
@@ -153,10 +99,13 @@ Result<std::unique_ptr<edge_client::LocalTrainer>> make_exec_trainer(const Clien
   return std::unique_ptr<edge_client::LocalTrainer>(std::move(trainer));
 }
 
-Status run_task_client(const ClientArgs& args, const Setup& s) {
+Status run_client(const ClientArgs& args) {
+  ASSIGN_OR_RETURN(Setup s, setup(args));
+  RETURN_IF_ERROR(fetch_federation_data(s.cfg));
+  RETURN_IF_ERROR(sim::check_simulated_trainer(s.cfg, args.config));
   std::string loaded;
   ASSIGN_OR_RETURN(auto trainer, exec_trainer(s) ? make_exec_trainer(args, s, &loaded)
-                                                 : make_task_trainer(args, s, &loaded));
+                                                 : make_kind_trainer(args, s, &loaded));
   ASSIGN_OR_RETURN(auto ctx, net::make_tls_context(s.tls, net::TlsSide::kClient));
   auto options = edge_client::edge_client_options(s.cfg, s.node_id, 0, s.partition + 1);
   if (const char* crash = std::getenv("STARLING_CRASH_POINT"); crash && *crash) {
@@ -169,40 +118,11 @@ Status run_task_client(const ClientArgs& args, const Setup& s) {
   client.start();
   run_while(io, [&] { return client.stopped(); });
   const auto peak = edge_client::peak_rss_bytes();
-  spdlog::info("client {}: {} rounds trained, {} lost to the trainer, peak RSS {:.1f} MiB",
-               s.node_id, client.rounds_trained(), client.rounds_lost(),
-               peak.ok() ? static_cast<double>(*peak) / (1 << 20) : 0.0);
-  return client.error();
-}
-
-Status run_client(const ClientArgs& args) {
-  ASSIGN_OR_RETURN(Setup s, setup(args));
-  RETURN_IF_ERROR(fetch_federation_data(s.cfg));
-  RETURN_IF_ERROR(sim::check_simulated_trainer(s.cfg, args.config));
-  if (sim::is_task_model(s.cfg) || exec_trainer(s)) return run_task_client(args, s);
-  std::vector<int64_t> indices;
-  ASSIGN_OR_RETURN(auto own, load_own_examples(s, &indices));
-  edge_client::MnistTrainer trainer(own, std::move(indices), aggregator::trainer_options(s.cfg));
-  ASSIGN_OR_RETURN(auto ctx, net::make_tls_context(s.tls, net::TlsSide::kClient));
-  auto options = edge_client::edge_client_options(s.cfg, s.node_id, 0, s.partition + 1);
-  if (const char* crash = std::getenv("STARLING_CRASH_POINT"); crash && *crash) {
-    options.crash_point = crash;  // crash tests only (EdgeClientOptions::crash_point)
-  }
-  asio::io_context io;
-  const std::string source = s.cfg.data().path().empty()
-                                 ? "partition " + std::to_string(s.partition)
-                                 : "local data " + s.cfg.data().path() + ", never uploaded";
-  spdlog::info("client {}: {} ({} examples), aggregator {}:{}, state {}", s.node_id, source,
-               own->size(), options.connect.host, options.connect.port,
-               options.state_path.empty() ? "in memory" : options.state_path);
-  edge_client::EdgeClient client(io, ctx, options, trainer);
-  client.start();
-  run_while(io, [&] { return client.stopped(); });
-  if (auto peak = edge_client::peak_rss_bytes(); peak.ok()) {
-    spdlog::info("client {}: {} rounds trained, {} declined, peak RSS {:.1f} MiB", s.node_id,
-                 client.rounds_trained(), client.rounds_declined(),
-                 static_cast<double>(*peak) / (1 << 20));
-  }
+  spdlog::info(
+      "client {}: {} rounds trained, {} declined, {} lost to the trainer, peak RSS "
+      "{:.1f} MiB",
+      s.node_id, client.rounds_trained(), client.rounds_declined(), client.rounds_lost(),
+      peak.ok() ? static_cast<double>(*peak) / (1 << 20) : 0.0);
   return client.error();
 }
 
@@ -230,38 +150,21 @@ int run_check(const ClientArgs& args) {
   auto cert = edge_client::check_node_certificate(s->tls, s->node_id);
   report("certificate", cert.status(), cert.ok() ? *cert : "");
 
-  std::vector<int64_t> indices;
   const bool exec = exec_trainer(*s);
-  if (exec) {
-    std::string loaded;
-    auto trainer = make_exec_trainer(args, *s, &loaded);
-    report("trainer", trainer.status(), loaded);
-  } else if (sim::is_task_model(s->cfg)) {
-    std::string loaded;
-    auto trainer = make_task_trainer(args, *s, &loaded);
-    report("data", trainer.status(), loaded);
-  }
-  auto own = sim::is_task_model(s->cfg) || exec
-                 ? Result<std::shared_ptr<const data::MnistSet>>(
-                       failed_precondition("not an MNIST-style classifier task"))
-                 : load_own_examples(*s, &indices);
-  if (!sim::is_task_model(s->cfg) && !exec) {
-    report("data", own.status(),
-           own.ok() ? std::to_string((*own)->size()) + " examples of " +
-                          (s->cfg.data().path().empty()
-                               ? s->cfg.data().dataset()
-                               : "local data " + s->cfg.data().path() + " (never uploaded)")
-                    : "");
-  }
+  std::string loaded;
+  auto trainer = exec ? make_exec_trainer(args, *s, &loaded) : make_kind_trainer(args, *s, &loaded);
+  report(exec ? "trainer" : "data", trainer.status(), loaded);
 
   const auto options = edge_client::edge_client_options(s->cfg, s->node_id, 0, 1);
-  if (own.ok()) {
-    edge_client::MnistTrainer trainer(*own, indices, aggregator::trainer_options(s->cfg));
+  if (trainer.ok() && !exec) {
+    // What a round allocates beyond what the trainer holds (its working set), plus the global
+    // model, the delta, the decoded download and the codec's residual and encoding: 5 model-sized
+    // buffers. An exec trainer's memory is its own process's.
     v1::RoundPlan plan;
     plan.set_batch_size(s->cfg.local().batch_size());
     uint64_t numel = 0;
-    for (const auto& t : trainer.layout()) numel += static_cast<uint64_t>(shape_numel(t.shape));
-    const uint64_t need = trainer.working_set_bytes(plan) + 5 * numel * 4;
+    for (const auto& t : (*trainer)->layout()) numel += static_cast<uint64_t>(shape_numel(t.shape));
+    const uint64_t need = (*trainer)->working_set_bytes(plan) + 5 * numel * 4;
     const Status mem = edge_client::MemoryBudget{options.memory_limit_bytes}.check(need, "a round");
     const auto rss = edge_client::current_rss_bytes();
     report(

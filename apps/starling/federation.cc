@@ -92,21 +92,15 @@ Status run_aggregator(const AggregatorArgs& args) {
   ASSIGN_OR_RETURN(auto cfg, aggregator::load_federation_config(args.config));
   if (args.num_rounds) cfg.mutable_rounds()->set_num_rounds(args.num_rounds);
   RETURN_IF_ERROR(fetch_federation_data(cfg));
-  // GPT, MDLM and DDPM: model, evaluation and simulated clients' trainers from the SimTask.
-  std::unique_ptr<sim::SimTask> task;
-  if (sim::is_task_model(cfg)) {
-    if (args.simulate) RETURN_IF_ERROR(sim::check_simulated_trainer(cfg, args.config));
-    RETURN_IF_ERROR(sim::check_external_evaluation(cfg, args.config));
-    ASSIGN_OR_RETURN(task, sim::SimTask::create(cfg, args.config));
-    spdlog::info("task: {}", task->describe());
-  }
-  std::shared_ptr<const data::MnistSet> test;
-  if (!task && cfg.eval().every_rounds() > 0) {
-    ASSIGN_OR_RETURN(test, aggregator::load_split(cfg, false));
-  }
-  const int64_t pixels = test ? test->pixels() : 784;
-  auto model = task ? nullptr : aggregator::make_model(cfg, pixels);
-  const auto layout = task ? task->layout() : edge_client::layout_of(*model);
+  // The model kind's task (sim/model_kind.h): the model, its evaluation and checkpoint, and the
+  // simulated clients' trainers. Without --simulate the clients' training data is not loaded.
+  if (args.simulate) RETURN_IF_ERROR(sim::check_simulated_trainer(cfg, args.config));
+  RETURN_IF_ERROR(sim::check_external_evaluation(cfg, args.config));
+  ASSIGN_OR_RETURN(auto task, sim::SimTask::create(cfg, args.config,
+                                                   args.simulate ? sim::TaskUse::kSimulation
+                                                                 : sim::TaskUse::kServer));
+  spdlog::info("task: {}", task->describe());
+  const auto layout = task->layout();
   auto options = aggregator::aggregator_options(cfg);
   options.simulation = args.simulate;
   if (const char* crash = std::getenv("STARLING_CRASH_POINT"); crash && *crash) {
@@ -136,8 +130,6 @@ Status run_aggregator(const AggregatorArgs& args) {
   const auto t0 = std::chrono::steady_clock::now();
   const uint32_t every = cfg.eval().every_rounds();
   const float target = cfg.eval().target_accuracy();
-  int64_t eval_n = test ? test->size() : 0;
-  if (cfg.eval().max_examples() > 0) eval_n = std::min<int64_t>(eval_n, cfg.eval().max_examples());
   std::shared_ptr<aggregator::Monitor> monitor;  // [server].metrics_port
   auto hook = [&](const RoundReport& r, std::span<const float> global) {
     nlohmann::json j = {
@@ -156,15 +148,8 @@ Status run_aggregator(const AggregatorArgs& args) {
         {"elapsed_seconds",
          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
     bool go_on = true;
-    if ((test || task) && every > 0 && r.round % every == 0) {
-      sim::TaskEval e;
-      if (task) {
-        e = task->evaluate(global);
-      } else {
-        (void)edge_client::load_flat(*model, global);
-        const auto m = models::evaluate(*model, test->images.data(), test->labels.data(), eval_n);
-        e = {m.loss, m.accuracy};
-      }
+    if (every > 0 && r.round % every == 0) {
+      const sim::TaskEval e = task->evaluate(global);
       j["test_loss"] = e.loss;
       j["test_accuracy"] = e.accuracy;
       if (monitor) monitor->evaluated(r.round, e.loss, e.accuracy);
@@ -209,9 +194,7 @@ Status run_aggregator(const AggregatorArgs& args) {
                      aggregator::access_policy(cfg, server_tls.ca_pem, server_tls.crl_pem));
   }
   ASSIGN_OR_RETURN(
-      auto agg,
-      Aggregator::create(io, server_ctx, options, layout,
-                         task ? task->initial_model() : edge_client::flatten(*model), hook));
+      auto agg, Aggregator::create(io, server_ctx, options, layout, task->initial_model(), hook));
   spdlog::info("aggregator: listening on {}:{}, state in {}, metrics in {}", options.server.host,
                agg->port(), options.state_dir, metrics_path);
   std::unique_ptr<aggregator::AccessWatcher> access;
@@ -225,21 +208,10 @@ Status run_aggregator(const AggregatorArgs& args) {
   std::vector<std::unique_ptr<edge_client::LocalTrainer>> trainers;
   std::vector<std::unique_ptr<edge_client::EdgeClient>> clients;
   if (args.simulate) {
-    std::shared_ptr<const data::MnistSet> train;
-    data::Partition parts;
-    if (!task) {
-      ASSIGN_OR_RETURN(train, aggregator::load_split(cfg, true));
-      ASSIGN_OR_RETURN(parts, aggregator::make_partition(cfg, *train));
-    }
     for (int k = 0; k < sim_clients; ++k) {
       ASSIGN_OR_RETURN(auto ctx, net::make_tls_context(pki.clients[static_cast<size_t>(k)],
                                                        net::TlsSide::kClient));
-      if (task) {
-        trainers.push_back(task->make_trainer(k % task->num_clients()));
-      } else {
-        trainers.push_back(std::make_unique<edge_client::MnistTrainer>(
-            train, parts[static_cast<size_t>(k) % parts.size()], aggregator::trainer_options(cfg)));
-      }
+      trainers.push_back(task->make_trainer(k % task->num_clients()));
       clients.push_back(make_client(io, ctx, cfg, "client-" + std::to_string(k), agg->port(),
                                     *trainers.back(), static_cast<uint64_t>(k) + 1));
     }
@@ -253,12 +225,11 @@ Status run_aggregator(const AggregatorArgs& args) {
                                             [](const auto& c) { return c->stopped(); }));
   });
   if (!agg->error().ok()) return agg->error();
-  if (task) {
-    // A checkpoint `starling sample` reads (GPT, MDLM or DDPM), beside the raw global model.
-    const std::string path = options.state_dir + "/model.safetensors";
-    RETURN_IF_ERROR(task->save_model(path, agg->global(), agg->rounds_completed()));
-    spdlog::info("aggregator: model checkpoint in {}", path);
-  }
+  // The model as its kind saves it (a GPT, MDLM or DDPM checkpoint `starling sample` reads),
+  // beside the raw global model.
+  const std::string path = options.state_dir + "/model.safetensors";
+  RETURN_IF_ERROR(task->save_model(path, agg->global(), agg->rounds_completed()));
+  spdlog::info("aggregator: model checkpoint in {}", path);
   spdlog::info("aggregator: done after {} rounds; global model in {}/global_model.safetensors",
                agg->rounds_completed(), options.state_dir);
   return ok_status();

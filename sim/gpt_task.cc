@@ -1,0 +1,250 @@
+// The language models of federations (model.arch GPT and MDLM) on Tiny Shakespeare split by
+// speaking role: the GPT task here, the MDLM's in sim/diffusion_task.cc over the same split.
+#include "sim/gpt_task.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "aggregator/fed_task.h"
+#include "core/autograd/autograd.h"
+#include "core/data/bpe_tokenizer.h"
+#include "core/data/char_tokenizer.h"
+#include "core/data/data_dir.h"
+#include "core/data/local_data.h"
+#include "core/data/shakespeare_roles.h"
+#include "core/data/text_file.h"
+#include "edge_client/gpt_trainer.h"
+#include "edge_client/model_params.h"
+#include "models/gpt/checkpoint.h"
+#include "sim/diffusion_task.h"
+
+namespace starling::sim {
+namespace {
+
+// The token ids of a client's own text for a language model of `tok`.
+Result<std::shared_ptr<const std::vector<int32_t>>> local_tokens(const std::filesystem::path& path,
+                                                                 const data::Tokenizer& tok,
+                                                                 int64_t block_size,
+                                                                 std::string* describe) {
+  ASSIGN_OR_RETURN(auto ids, data::read_local_tokens(path, tok, block_size + 1));
+  *describe = fmt::format("local data {} ({} tokens, never uploaded)", path.string(), ids.size());
+  return std::make_shared<const std::vector<int32_t>>(std::move(ids));
+}
+
+class ShakespeareTask final : public SimTask {
+ public:
+  ShakespeareTask(const v1::FederationConfig& c, std::shared_ptr<const data::Tokenizer> tok,
+                  std::shared_ptr<const std::vector<int32_t>> train, std::vector<int64_t> bounds,
+                  std::vector<int32_t> test, std::vector<std::string> names, int64_t minor)
+      : config_(c),
+        tokenizer_(std::move(tok)),
+        train_(std::move(train)),
+        bounds_(std::move(bounds)),
+        test_(std::move(test)),
+        names_(std::move(names)),
+        minor_(minor) {
+    options_.model.vocab_size = tokenizer_->vocab_size();
+    options_.model.block_size = c.model().block_size();
+    options_.model.n_layer = c.model().n_layer();
+    options_.model.n_head = c.model().n_head();
+    options_.model.n_embd = c.model().n_embd();
+    options_.model.rope = c.model().pos_encoding() == v1::ModelConfig::ROPE;
+    options_.model.rope_base = c.model().rope_base();
+    options_.epochs = c.local().epochs();
+    options_.prox_mu = c.local().prox_mu();
+    options_.grad_clip = c.model().grad_clip();
+    const auto steps = edge_client::local_step_options(c);
+    options_.optimizer = steps.optimizer;
+    options_.beta1 = steps.beta1;
+    options_.beta2 = steps.beta2;
+    options_.weight_decay = steps.weight_decay;
+    model_ = std::make_unique<models::Gpt>(options_.model, c.model().seed());
+    layout_ = edge_client::layout_of(*model_);
+  }
+
+  int num_clients() const override { return static_cast<int>(names_.size()); }
+  const compress::Layout& layout() const override { return layout_; }
+  std::vector<float> initial_model() const override {
+    return edge_client::flatten(models::Gpt(options_.model, config_.model().seed()));
+  }
+  std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const override {
+    const auto k = static_cast<size_t>(client);
+    return std::make_unique<edge_client::GptTrainer>(train_, bounds_[k], bounds_[k + 1], options_);
+  }
+  std::unique_ptr<edge_client::LocalTrainer> make_central_trainer() const override {
+    return std::make_unique<edge_client::GptTrainer>(train_, bounds_.front(), bounds_.back(),
+                                                     options_);
+  }
+  Result<std::unique_ptr<edge_client::LocalTrainer>> make_local_trainer(
+      const std::filesystem::path& path, std::string* describe) const override {
+    ASSIGN_OR_RETURN(auto ids,
+                     local_tokens(path, *tokenizer_, options_.model.block_size, describe));
+    const auto n = static_cast<int64_t>(ids->size());
+    return std::unique_ptr<edge_client::LocalTrainer>(
+        std::make_unique<edge_client::GptTrainer>(std::move(ids), 0, n, options_));
+  }
+  int64_t local_steps(int client, const v1::RoundPlan& plan) const override {
+    const auto k = static_cast<size_t>(client);
+    return edge_client::gpt_local_steps(bounds_[k + 1] - bounds_[k], options_.model.block_size,
+                                        options_.epochs, plan);
+  }
+  // Cross-entropy and next-character accuracy over disjoint windows of the held-out text,
+  // evenly spaced (eval.max_examples of them; 0: all).
+  TaskEval evaluate(std::span<const float> global) override {
+    (void)edge_client::load_flat(*model_, global);
+    return evaluate_model(*model_);
+  }
+  // evaluate() of the weights `model` holds.
+  TaskEval evaluate_model(models::Gpt& model) const {
+    autograd::NoGradGuard ng;
+    model.train(false);
+    const int64_t T = options_.model.block_size, V = options_.model.vocab_size;
+    const int64_t windows = (static_cast<int64_t>(test_.size()) - 1) / T;
+    int64_t n = windows;
+    if (config_.eval().max_examples() > 0) n = std::min<int64_t>(n, config_.eval().max_examples());
+    double loss = 0, correct = 0;
+    const int64_t kBatch = 32;
+    std::vector<int32_t> x, y;
+    for (int64_t w0 = 0; w0 < n; w0 += kBatch) {
+      const int64_t B = std::min(kBatch, n - w0);
+      x.resize(static_cast<size_t>(B * T));
+      y.resize(x.size());
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t start = ((w0 + b) * windows / n) * T;
+        for (int64_t t = 0; t < T; ++t) {
+          x[static_cast<size_t>(b * T + t)] = test_[static_cast<size_t>(start + t)];
+          y[static_cast<size_t>(b * T + t)] = test_[static_cast<size_t>(start + t + 1)];
+        }
+      }
+      const Tensor logits = model.forward(Tensor::from_vector(x, {B, T})).contiguous();
+      const float* l = logits.data<float>();
+      for (int64_t r = 0; r < B * T; ++r) {
+        const float* row = l + r * V;
+        int64_t arg = 0;
+        for (int64_t v = 1; v < V; ++v) arg = row[v] > row[arg] ? v : arg;
+        double sum = 0;
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - row[arg]));
+        const auto target = static_cast<int64_t>(y[static_cast<size_t>(r)]);
+        loss += std::log(sum) - static_cast<double>(row[target] - row[arg]);
+        correct += arg == target ? 1.0 : 0.0;
+      }
+    }
+    model.train(true);
+    const double count = static_cast<double>(std::max<int64_t>(1, n * T));
+    return {loss / count, correct / count};
+  }
+  Status save_model(const std::filesystem::path& path, std::span<const float> global,
+                    uint64_t round) const override {
+    models::Gpt model(options_.model, 0);
+    RETURN_IF_ERROR(edge_client::load_flat(model, global));
+    v1::RunConfig rc;
+    rc.mutable_model()->set_block_size(static_cast<int32_t>(options_.model.block_size));
+    rc.mutable_model()->set_n_layer(static_cast<int32_t>(options_.model.n_layer));
+    rc.mutable_model()->set_n_head(static_cast<int32_t>(options_.model.n_head));
+    rc.mutable_model()->set_n_embd(static_cast<int32_t>(options_.model.n_embd));
+    rc.mutable_model()->set_vocab_size(static_cast<int32_t>(options_.model.vocab_size));
+    rc.mutable_model()->set_pos_encoding(config_.model().pos_encoding());
+    rc.mutable_model()->set_rope_base(config_.model().rope_base());
+    rc.mutable_data()->set_dataset("tinyshakespeare");
+    rc.mutable_data()->set_tokenizer(config_.data().tokenizer());
+    rc.mutable_data()->set_data_dir(config_.data().data_dir());
+    rc.mutable_sample()->set_prompt("ROMEO:\n");
+    // The checkpoint's val loss is the held-out loss of these weights (what `starling sample`
+    // reports); a federation has no one train loss, so the round's mean is not repeated here.
+    const TaskEval eval = evaluate_model(model);
+    return models::save_gpt_checkpoint(path, model, rc, *tokenizer_,
+                                       {static_cast<int64_t>(round), 0.0, eval.loss});
+  }
+  std::string describe() const override {
+    return fmt::format(
+        "Tiny Shakespeare by speaking role: {} clients ({} train characters; {} minor roles {}), "
+        "{} GPT L={} H={} C={} T={}, {} parameters",
+        names_.size(), train_->size(), minor_,
+        config_.data().merge_minor_roles() ? "merged" : "dropped", tokenizer_->name(),
+        options_.model.n_layer, options_.model.n_head, options_.model.n_embd,
+        options_.model.block_size, model_->num_parameters());
+  }
+
+ private:
+  v1::FederationConfig config_;
+  std::shared_ptr<const data::Tokenizer> tokenizer_;
+  std::shared_ptr<const std::vector<int32_t>> train_;
+  std::vector<int64_t> bounds_;  // client k trains on train_[bounds_[k], bounds_[k + 1])
+  std::vector<int32_t> test_;
+  std::vector<std::string> names_;
+  int64_t minor_;
+  edge_client::GptTrainerOptions options_;
+  std::unique_ptr<models::Gpt> model_;  // evaluation only
+  compress::Layout layout_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<SimTask>> make_text_task(const v1::FederationConfig& c,
+                                                std::string_view source, TaskUse use) {
+  (void)use;  // the role split is small (about 1 MB of text): every use loads it whole
+  const std::string ctx = std::string(source) + ": data";
+  ASSIGN_OR_RETURN(auto dir, data::resolve_data_dir(c.data().data_dir()), ctx);
+  ASSIGN_OR_RETURN(auto file, data::resolve_dataset_file(dir, "tinyshakespeare"), ctx);
+  ASSIGN_OR_RETURN(std::string text, data::read_text_file(file), ctx);
+  data::ShakespeareRolesOptions o;
+  o.min_chars = c.data().min_role_chars();
+  o.merge_minor = c.data().merge_minor_roles();
+  o.test_fraction = c.data().test_fraction();
+  ASSIGN_OR_RETURN(auto roles, data::split_by_role(text, o, file.string()), ctx);
+  ASSIGN_OR_RETURN(auto chars, data::CharTokenizer::from_corpus(text), ctx);
+  std::shared_ptr<const data::Tokenizer> tok;
+  if (c.data().tokenizer() == v1::DataConfig::GPT2) {
+    ASSIGN_OR_RETURN(auto bpe, data::BpeTokenizer::load_gpt2(dir), ctx + ".tokenizer");
+    tok = std::make_shared<const data::BpeTokenizer>(std::move(bpe));
+  } else {
+    tok = std::make_shared<const data::CharTokenizer>(chars);
+  }
+  auto train = std::make_shared<std::vector<int32_t>>();
+  std::vector<int64_t> bounds{0};
+  std::vector<int32_t> test;
+  std::vector<std::string> names;
+  for (const auto& r : roles.roles) {
+    ASSIGN_OR_RETURN(auto ids, tok->encode(r.train), ctx);
+    train->insert(train->end(), ids.begin(), ids.end());
+    bounds.push_back(static_cast<int64_t>(train->size()));
+    ASSIGN_OR_RETURN(auto test_ids, tok->encode(r.test), ctx);
+    test.insert(test.end(), test_ids.begin(), test_ids.end());
+    names.push_back(r.role);
+  }
+  if (static_cast<int64_t>(test.size()) <= c.model().block_size()) {
+    return invalid_argument(ctx + ": the held-out text is shorter than one window");
+  }
+  if (c.model().arch() == v1::FedModelConfig::MDLM) {
+    return make_mdlm_task(c, source, std::move(chars), std::move(train), std::move(bounds),
+                          std::move(test), std::move(names), roles.minor_roles);
+  }
+  return std::unique_ptr<SimTask>(new ShakespeareTask(c, std::move(tok), std::move(train),
+                                                      std::move(bounds), std::move(test),
+                                                      std::move(names), roles.minor_roles));
+}
+
+Result<std::unique_ptr<edge_client::LocalTrainer>> make_text_client_trainer(
+    const v1::FederationConfig& config, std::string_view source, uint32_t partition,
+    std::string* describe) {
+  v1::FederationConfig c = config;
+  c.mutable_eval()->set_every_rounds(0);  // evaluation is the aggregator's
+  ASSIGN_OR_RETURN(auto task, make_text_task(c, source, TaskUse::kSimulation));
+  if (!c.data().path().empty()) {
+    std::string what;
+    ASSIGN_OR_RETURN(auto trainer, task->make_local_trainer(c.data().path(), &what), source);
+    *describe = what + "; " + task->describe();
+    return trainer;
+  }
+  if (static_cast<int>(partition) >= task->num_clients()) {
+    return invalid_argument(std::string(source) + ": partition " + std::to_string(partition) +
+                            " >= the task's " + std::to_string(task->num_clients()) + " clients (" +
+                            task->describe() + ")");
+  }
+  *describe = task->describe();
+  return task->make_trainer(static_cast<int>(partition));
+}
+
+}  // namespace starling::sim

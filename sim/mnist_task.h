@@ -1,0 +1,27 @@
+// The image classifiers of federations (model.arch MLP and CNN): the task of a simulation or of
+// the aggregator, and one edge client's trainer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/util/status.h"
+#include "core/wire/federation.pb.h"
+#include "edge_client/edge_client.h"
+#include "sim/task.h"
+
+namespace starling::sim {
+
+// kSimulation loads the training split and partitions it; kServer loads the test split only (when
+// [eval] every_rounds > 0).
+Result<std::unique_ptr<SimTask>> make_mnist_task(const v1::FederationConfig& config,
+                                                 std::string_view source, TaskUse use);
+
+// Client `partition`'s examples only (or every image of [data] path), never the whole split.
+Result<std::unique_ptr<edge_client::LocalTrainer>> make_mnist_client_trainer(
+    const v1::FederationConfig& config, std::string_view source, uint32_t partition,
+    std::string* describe);
+
+}  // namespace starling::sim
