@@ -1,6 +1,7 @@
 // `starling client`: an edge client of a federation (configs/fed_*.toml [client]), and
 // `starling client --check`, which validates config, certificates, data, state and the link to
 // the aggregator before a device joins.
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <asio/io_context.hpp>
@@ -14,6 +15,7 @@
 #include "apps/starling/commands.h"
 #include "apps/starling/fetch_data.h"
 #include "apps/starling/io_loop.h"
+#include "core/cuda/device.h"
 #include "core/data/data_dir.h"
 #include "core/data/local_data.h"
 #include "core/data/mnist.h"
@@ -173,6 +175,30 @@ int run_check(const ClientArgs& args) {
             std::to_string(rss.ok() ? (*rss + (1u << 19)) >> 20 : 0) + " MiB; limit " +
             (options.memory_limit_bytes ? std::to_string(options.memory_limit_bytes >> 20) + " MiB"
                                         : std::string("none")));
+  }
+
+  // The GPUs this device offers. Federated clients train on the CPU for now, so none is not a
+  // failure; the line tells an operator what the machine and this build can see.
+  {
+    std::string gpus;
+    if (!cuda::built_with_cuda()) {
+      gpus = "none usable: this starling was built without CUDA; the client trains on the CPU";
+    } else {
+      for (const auto& d : cuda::devices()) {
+        gpus +=
+            fmt::format("{}{}: {}, {:.1f} GiB, compute capability {}.{}", gpus.empty() ? "" : "; ",
+                        d.index, d.name, static_cast<double>(d.total_memory) / (1ull << 30),
+                        d.compute_major, d.compute_minor);
+      }
+      if (gpus.empty()) {
+        gpus =
+            "none visible (no NVIDIA driver or device, or CUDA_VISIBLE_DEVICES hides them); "
+            "the client trains on the CPU";
+      } else {
+        gpus += "; the client trains on the CPU";
+      }
+    }
+    report("gpu", ok_status(), gpus);
   }
 
   if (options.state_path.empty()) {

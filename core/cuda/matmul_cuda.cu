@@ -99,21 +99,17 @@ __nv_bfloat16* to_bf16(__nv_bfloat16* dst, const float* src, size_t n, cudaStrea
   return dst;
 }
 
-// Row-major c (fp32) = op(a) op(b) with a, b in bf16 and fp32 accumulation (tensor cores: the
-// handle's math mode is switched to the default for the call and restored).
+// Row-major c (fp32) = op(a) op(b) with a, b in bf16 and fp32 accumulation (tensor cores under
+// the handle's default math mode, make_cublas).
 void gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const __nv_bfloat16* a, int lda,
                const __nv_bfloat16* b, int ldb, float* c, int ldc, cublasHandle_t handle,
                cudaStream_t stream) {
   const float one = 1.0f, zero = 0.0f;
-  cublasMath_t mode;
-  STARLING_CUBLAS_CHECK(cublasGetMathMode(handle, &mode));
-  STARLING_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
   STARLING_CUBLAS_CHECK(cublasSetStream(handle, stream));
   STARLING_CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &one, b,
                                      CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &zero, c, CUDA_R_32F,
                                      ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  STARLING_CUBLAS_CHECK(cublasSetMathMode(handle, mode));
 }
 }  // namespace
 

@@ -85,6 +85,8 @@ TEST_CASE("cli: client --check, SIGKILL during training, restart and rejoin", "[
   CHECK_THAT(check.out, Catch::Contains("ok    certificate   CN=client-0"));
   CHECK_THAT(check.out, Catch::Contains("ok    data"));
   CHECK_THAT(check.out, Catch::Contains("ok    memory"));
+  // What GPUs this machine and build offer (none here: no GPU, or a CPU build).
+  CHECK_THAT(check.out, Catch::Contains("ok    gpu") && Catch::Contains("trains on the CPU"));
   CHECK_THAT(check.out, Catch::Contains("FAIL  aggregator"));
   CHECK_THAT(check.out, Catch::Contains("1 check(s) failed"));
 
