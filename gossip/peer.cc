@@ -1083,6 +1083,12 @@ Result<std::unique_ptr<Peer>> Peer::create(asio::io_context& io,
       impl->restore(std::move(*saved));
       spdlog::info("peer {}: resumed from {}/{} after round {}", options.node_id, options.state_dir,
                    kPeerStateFile, at);
+      if (at >= options.num_rounds) {
+        spdlog::warn(
+            "peer {}: the state in {} is complete ({} of {} rounds): nothing is left to "
+            "train; remove that folder to start afresh",
+            options.node_id, options.state_dir, at, options.num_rounds);
+      }
     } else if (saved.status().code() != StatusCode::kNotFound) {
       return saved.status().with_context("peer " + options.node_id);
     }
