@@ -122,6 +122,22 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
         "applies to model.arch EXTERNAL only");
   check(c.model().weights().empty() || external, "model.weights",
         "applies to model.arch EXTERNAL only");
+  // Where the built-in trainer runs (edge_client/fused_gpt_trainer.h); whether the GPU is really
+  // there is checked where a trainer is made (a client, a simulation), not on the aggregator.
+  const bool cuda = c.client().device() == "cuda";
+  check(cuda || c.client().device() == "cpu", "client.device", "must be \"cpu\" or \"cuda\"");
+  if (cuda) {
+    check(c.model().arch() == v1::FedModelConfig::GPT, "client.device",
+          "\"cuda\" trains model.arch GPT only for now (the other kinds train on the CPU)");
+    check(c.model().local_optimizer() == v1::FedModelConfig::ADAMW, "model.local_optimizer",
+          "must be \"ADAMW\" with client.device \"cuda\" (the fused engine's optimizer)");
+    check(c.local().prox_mu() == 0, "local.prox_mu",
+          "must be 0 with client.device \"cuda\" (FedProx's term is the SGD trainer's)");
+    check(!exec, "client.device", "\"cuda\" applies to the built-in trainer, not \"exec\"");
+  }
+  check(c.client().gpus().empty() || cuda, "client.gpus", "applies to client.device \"cuda\"");
+  check(c.client().gpus_size() <= 1, "client.gpus",
+        "names one GPU: several GPUs per client are not supported yet");
   if (exec) {
     check(!c.client().trainer_command().empty() && !c.client().trainer_command(0).empty(),
           "client.trainer_command",

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/util/rng.h"
 #include "edge_client/edge_client.h"
 #include "edge_client/local_steps.h"
 #include "models/gpt/gpt.h"
@@ -29,6 +30,17 @@ struct GptTrainerOptions {
 // steps, where a client with n tokens holds floor((n - 1) / T) disjoint windows of T.
 int64_t gpt_local_steps(int64_t num_tokens, int64_t block_size, uint32_t epochs,
                         const v1::RoundPlan& plan);
+
+// Whether a round of a language-model trainer on tokens [begin, end) of a stream of `size`
+// tokens can run: at least one window of T + 1 tokens and a positive batch size.
+Status check_text_round(int64_t begin, int64_t end, size_t size, int64_t block_size,
+                        const v1::RoundPlan& plan);
+
+// One step's windows: B starts drawn uniformly from [0, n - T) with `rng`, x the T tokens from
+// each start and y (when not null) the T tokens after them, row-major (B, T). Every text trainer
+// draws its batches this way, so the same plan gives the same windows on any engine.
+void draw_windows(Rng& rng, const int32_t* tokens, int64_t n, int64_t B, int64_t T,
+                  std::vector<int32_t>& x, std::vector<int32_t>* y);
 
 class GptTrainer : public LocalTrainer {
  public:

@@ -48,20 +48,13 @@ Result<TrainReport> MdlmTrainer::train(std::span<const float> global, const v1::
                                        std::span<float> delta) {
   const int64_t T = options_.model.block_size;
   const int64_t n = end_ - begin_;
-  if (begin_ < 0 || end_ > static_cast<int64_t>(tokens_->size()) || n <= T) {
-    return failed_precondition("this client has " + std::to_string(n) +
-                               " tokens, fewer than one window of " + std::to_string(T + 1));
-  }
-  if (plan.batch_size() == 0) return invalid_argument("round plan with batch size 0");
+  RETURN_IF_ERROR(check_text_round(begin_, end_, tokens_->size(), T, plan));
   const int64_t B = plan.batch_size();
   const int64_t steps = gpt_local_steps(n, T, options_.epochs, plan);
   const int32_t* tok = tokens_->data() + begin_;
-  std::vector<int32_t> x(static_cast<size_t>(B * T));
+  std::vector<int32_t> x;
   auto batch_loss = [&](int64_t, Rng& rng) {
-    for (int64_t b = 0; b < B; ++b) {
-      const auto start = static_cast<int64_t>(rng.below(static_cast<uint64_t>(n - T)));
-      std::copy(tok + start, tok + start + T, x.begin() + b * T);
-    }
+    draw_windows(rng, tok, n, B, T, x, nullptr);
     return model_.loss(Tensor::from_vector(x, {B, T}), rng);
   };
   ASSIGN_OR_RETURN(const float loss,

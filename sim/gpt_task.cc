@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "aggregator/fed_task.h"
 #include "core/autograd/autograd.h"
@@ -15,6 +16,7 @@
 #include "core/data/local_data.h"
 #include "core/data/shakespeare_roles.h"
 #include "core/data/text_file.h"
+#include "edge_client/fused_gpt_trainer.h"
 #include "edge_client/gpt_trainer.h"
 #include "edge_client/model_params.h"
 #include "models/gpt/checkpoint.h"
@@ -22,6 +24,22 @@
 
 namespace starling::sim {
 namespace {
+
+// A trainer that could not be made: every round fails with the reason.
+class FailedTrainer final : public edge_client::LocalTrainer {
+ public:
+  FailedTrainer(compress::Layout layout, Status why)
+      : layout_(std::move(layout)), why_(std::move(why)) {}
+  const compress::Layout& layout() const override { return layout_; }
+  Result<edge_client::TrainReport> train(std::span<const float>, const v1::RoundPlan&,
+                                         std::span<float>) override {
+    return why_;
+  }
+
+ private:
+  compress::Layout layout_;
+  Status why_;
+};
 
 // The token ids of a client's own text for a language model of `tok`.
 Result<std::shared_ptr<const std::vector<int32_t>>> local_tokens(const std::filesystem::path& path,
@@ -62,6 +80,10 @@ class ShakespeareTask final : public SimTask {
     options_.weight_decay = steps.weight_decay;
     model_ = std::make_unique<models::Gpt>(options_.model, c.model().seed());
     layout_ = edge_client::layout_of(*model_);
+    if (c.client().device() == "cuda") {
+      fused_ = edge_client::FusedDevice{
+          true, c.client().gpus().empty() ? 0 : static_cast<int>(c.client().gpus(0))};
+    }
   }
 
   int num_clients() const override { return static_cast<int>(names_.size()); }
@@ -71,19 +93,37 @@ class ShakespeareTask final : public SimTask {
   }
   std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const override {
     const auto k = static_cast<size_t>(client);
-    return std::make_unique<edge_client::GptTrainer>(train_, bounds_[k], bounds_[k + 1], options_);
+    return trainer_on(train_, bounds_[k], bounds_[k + 1]);
   }
   std::unique_ptr<edge_client::LocalTrainer> make_central_trainer() const override {
-    return std::make_unique<edge_client::GptTrainer>(train_, bounds_.front(), bounds_.back(),
-                                                     options_);
+    return trainer_on(train_, bounds_.front(), bounds_.back());
+  }
+  // A trainer on tokens[begin, end) on [client] device: the autograd GptTrainer on the CPU, the
+  // fused engine on a GPU. A GPU that went away after the task was made fails every round with
+  // the reason (never a silent CPU run).
+  std::unique_ptr<edge_client::LocalTrainer> trainer_on(
+      std::shared_ptr<const std::vector<int32_t>> tokens, int64_t begin, int64_t end) const {
+    if (!fused_) return std::make_unique<edge_client::GptTrainer>(tokens, begin, end, options_);
+    auto t = edge_client::FusedGptTrainer::create(tokens, begin, end, options_, *fused_);
+    if (t.ok()) return std::move(*t);
+    return std::make_unique<FailedTrainer>(layout_, t.status());
+  }
+  // Whether [client] device can train here: the GPU exists and the engine takes the model.
+  // Errors name `source` and the key.
+  Status check_device(std::string_view source) const {
+    if (!fused_) return ok_status();
+    auto t = edge_client::FusedGptTrainer::create(train_, bounds_.front(), bounds_.back(), options_,
+                                                  *fused_);
+    return t.ok()
+               ? ok_status()
+               : t.status().with_context(std::string(source) + ": key 'client.device' = \"cuda\"");
   }
   Result<std::unique_ptr<edge_client::LocalTrainer>> make_local_trainer(
       const std::filesystem::path& path, std::string* describe) const override {
     ASSIGN_OR_RETURN(auto ids,
                      local_tokens(path, *tokenizer_, options_.model.block_size, describe));
     const auto n = static_cast<int64_t>(ids->size());
-    return std::unique_ptr<edge_client::LocalTrainer>(
-        std::make_unique<edge_client::GptTrainer>(std::move(ids), 0, n, options_));
+    return trainer_on(std::move(ids), 0, n);
   }
   int64_t local_steps(int client, const v1::RoundPlan& plan) const override {
     const auto k = static_cast<size_t>(client);
@@ -160,11 +200,12 @@ class ShakespeareTask final : public SimTask {
   std::string describe() const override {
     return fmt::format(
         "Tiny Shakespeare by speaking role: {} clients ({} train characters; {} minor roles {}), "
-        "{} GPT L={} H={} C={} T={}, {} parameters",
+        "{} GPT L={} H={} C={} T={}, {} parameters{}",
         names_.size(), train_->size(), minor_,
         config_.data().merge_minor_roles() ? "merged" : "dropped", tokenizer_->name(),
         options_.model.n_layer, options_.model.n_head, options_.model.n_embd,
-        options_.model.block_size, model_->num_parameters());
+        options_.model.block_size, model_->num_parameters(),
+        fused_ ? fmt::format(", clients train on cuda:{} (fused engine)", fused_->gpu) : "");
   }
 
  private:
@@ -176,7 +217,8 @@ class ShakespeareTask final : public SimTask {
   std::vector<std::string> names_;
   int64_t minor_;
   edge_client::GptTrainerOptions options_;
-  std::unique_ptr<models::Gpt> model_;  // evaluation only
+  std::optional<edge_client::FusedDevice> fused_;  // [client] device "cuda"
+  std::unique_ptr<models::Gpt> model_;             // evaluation only
   compress::Layout layout_;
 };
 
@@ -184,7 +226,7 @@ class ShakespeareTask final : public SimTask {
 
 Result<std::unique_ptr<SimTask>> make_text_task(const v1::FederationConfig& c,
                                                 std::string_view source, TaskUse use) {
-  (void)use;  // the role split is small (about 1 MB of text): every use loads it whole
+  // The role split is small (about 1 MB of text): every use loads it whole.
   const std::string ctx = std::string(source) + ": data";
   ASSIGN_OR_RETURN(auto dir, data::resolve_data_dir(c.data().data_dir()), ctx);
   ASSIGN_OR_RETURN(auto file, data::resolve_dataset_file(dir, "tinyshakespeare"), ctx);
@@ -221,9 +263,11 @@ Result<std::unique_ptr<SimTask>> make_text_task(const v1::FederationConfig& c,
     return make_mdlm_task(c, source, std::move(chars), std::move(train), std::move(bounds),
                           std::move(test), std::move(names), roles.minor_roles);
   }
-  return std::unique_ptr<SimTask>(new ShakespeareTask(c, std::move(tok), std::move(train),
-                                                      std::move(bounds), std::move(test),
-                                                      std::move(names), roles.minor_roles));
+  auto task =
+      std::make_unique<ShakespeareTask>(c, std::move(tok), std::move(train), std::move(bounds),
+                                        std::move(test), std::move(names), roles.minor_roles);
+  if (use == TaskUse::kSimulation) RETURN_IF_ERROR(task->check_device(source));
+  return std::unique_ptr<SimTask>(std::move(task));
 }
 
 Result<std::unique_ptr<edge_client::LocalTrainer>> make_text_client_trainer(

@@ -13,6 +13,7 @@
 
 #include "aggregator/fed_task.h"
 #include "apps/starling/commands.h"
+#include "apps/starling/device_flags.h"
 #include "apps/starling/fetch_data.h"
 #include "apps/starling/io_loop.h"
 #include "core/cuda/device.h"
@@ -41,6 +42,7 @@ struct ClientArgs {
   int partition = -1;
   bool check = false;
   uint32_t check_timeout_s = 10;
+  DeviceFlags device;
 };
 
 struct Setup {
@@ -53,6 +55,7 @@ struct Setup {
 Result<Setup> setup(const ClientArgs& args) {
   Setup s;
   ASSIGN_OR_RETURN(s.cfg, aggregator::load_federation_config(args.config));
+  RETURN_IF_ERROR(apply_device_flags(args.device, &s.cfg, args.config));
   ASSIGN_OR_RETURN(s.tls, net::load_tls_config(s.cfg.tls().ca(), s.cfg.tls().cert(),
                                                s.cfg.tls().key(), s.cfg.tls().crl()));
   s.node_id = !args.node_id.empty() ? args.node_id : s.cfg.client().node_id();
@@ -177,12 +180,17 @@ int run_check(const ClientArgs& args) {
                                         : std::string("none")));
   }
 
-  // The GPUs this device offers. Federated clients train on the CPU for now, so none is not a
-  // failure; the line tells an operator what the machine and this build can see.
+  // The GPUs this device offers, and where the trainer runs ([client] device, --device). A
+  // missing GPU that device "cuda" needs fails the trainer's line above; this one informs.
   {
+    const bool cuda = s->cfg.client().device() == "cuda";
+    const std::string runs =
+        cuda ? fmt::format("the client trains on cuda:{}",
+                           s->cfg.client().gpus().empty() ? 0u : s->cfg.client().gpus(0))
+             : std::string("the client trains on the CPU");
     std::string gpus;
     if (!cuda::built_with_cuda()) {
-      gpus = "none usable: this starling was built without CUDA; the client trains on the CPU";
+      gpus = "none usable: this starling was built without CUDA; " + runs;
     } else {
       for (const auto& d : cuda::devices()) {
         gpus +=
@@ -190,13 +198,10 @@ int run_check(const ClientArgs& args) {
                         d.index, d.name, static_cast<double>(d.total_memory) / (1ull << 30),
                         d.compute_major, d.compute_minor);
       }
-      if (gpus.empty()) {
-        gpus =
-            "none visible (no NVIDIA driver or device, or CUDA_VISIBLE_DEVICES hides them); "
-            "the client trains on the CPU";
-      } else {
-        gpus += "; the client trains on the CPU";
-      }
+      gpus = gpus.empty() ? "none visible (no NVIDIA driver or device, or CUDA_VISIBLE_DEVICES "
+                            "hides them); " +
+                                runs
+                          : gpus + "; " + runs;
     }
     report("gpu", ok_status(), gpus);
   }
@@ -254,6 +259,7 @@ void register_client(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--check-timeout", args->check_timeout_s,
                   "Seconds to wait for the aggregator in --check")
       ->capture_default_str();
+  add_device_flags(cmd, &args->device);
   cmd->callback([args, &ctx] {
     if (args->check) {
       if (run_check(*args) != 0) ctx.exit_code = 1;

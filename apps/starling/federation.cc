@@ -16,6 +16,7 @@
 #include "aggregator/fed_task.h"
 #include "aggregator/monitor.h"
 #include "apps/starling/commands.h"
+#include "apps/starling/device_flags.h"
 #include "apps/starling/fetch_data.h"
 #include "apps/starling/io_loop.h"
 #include "core/net/certs.h"
@@ -38,6 +39,7 @@ struct AggregatorArgs {
   bool simulate = false;
   uint32_t num_rounds = 0;
   int metrics_port = -1;  // -1: [server].metrics_port
+  DeviceFlags device;     // the simulated clients' trainers (--simulate)
 };
 
 // An in-memory PKI for a simulation: the aggregator's and each client's TLS config.
@@ -91,6 +93,7 @@ Status run_aggregator(const AggregatorArgs& args) {
   asio::io_context io;
   ASSIGN_OR_RETURN(auto cfg, aggregator::load_federation_config(args.config));
   if (args.num_rounds) cfg.mutable_rounds()->set_num_rounds(args.num_rounds);
+  RETURN_IF_ERROR(apply_device_flags(args.device, &cfg, args.config));
   RETURN_IF_ERROR(fetch_federation_data(cfg));
   // The model kind's task (sim/model_kind.h): the model, its evaluation and checkpoint, and the
   // simulated clients' trainers. Without --simulate the clients' training data is not loaded.
@@ -250,6 +253,7 @@ void register_aggregator(CLI::App& app, CommandContext& ctx) {
                   "Override [server].metrics_port: Prometheus /metrics and the status page "
                   "(0: off)")
       ->check(CLI::Range(0, 65535));
+  add_device_flags(cmd, &args->device);
   cmd->callback([args, &ctx] {
     const Status st = run_aggregator(*args);
     if (!st.ok()) fail(ctx, st.to_string());

@@ -11,6 +11,7 @@
 
 #include "aggregator/fed_task.h"
 #include "apps/starling/commands.h"
+#include "apps/starling/device_flags.h"
 #include "apps/starling/fetch_data.h"
 #include "core/config/toml_config.h"
 #include "gossip/task.h"
@@ -26,6 +27,7 @@ struct SimulateArgs {
   std::string mode;
   int workers = -1;
   bool quiet = false;
+  DeviceFlags device;
 };
 
 Result<v1::FederationConfig> load(const std::string& path, const SimulateArgs& args) {
@@ -47,6 +49,7 @@ Result<v1::FederationConfig> load(const std::string& path, const SimulateArgs& a
   }
   if (args.workers >= 0) cfg.mutable_simulate()->set_workers(static_cast<uint32_t>(args.workers));
   RETURN_IF_ERROR(aggregator::validate_federation_config(cfg, path.empty() ? "<default>" : path));
+  RETURN_IF_ERROR(apply_device_flags(args.device, &cfg, path.empty() ? "<default>" : path));
   return cfg;
 }
 
@@ -158,6 +161,7 @@ void register_simulate(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--mode", args->mode, "in-process or loopback (default: [simulate].mode)");
   cmd->add_option("--workers", args->workers, "Training threads (0: the machine's cores)");
   cmd->add_flag("-q,--quiet", args->quiet, "No progress bar");
+  add_device_flags(cmd, &args->device);
   cmd->callback([args, &ctx] {
     const Status st = run(*args);
     if (!st.ok()) fail(ctx, st.to_string());

@@ -486,6 +486,12 @@ Result<double> FusedGpt::forward_backward(const FusedBatch& batch) {
   return static_cast<double>(loss);
 }
 
+void FusedGpt::reset_optimizer() {
+  backend_->zero(m_, num_params_ * sizeof(float));
+  backend_->zero(v_, num_params_ * sizeof(float));
+  steps_ = 0;
+}
+
 Result<FusedStepResult> FusedGpt::train_step(const int32_t* idx, const int32_t* targets,
                                              size_t count, double lr, const FusedOptimizer& opt,
                                              double grad_clip) {

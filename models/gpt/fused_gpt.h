@@ -133,6 +133,10 @@ class FusedGpt {
   Result<double> forward_backward(const int32_t* idx, const int32_t* targets, size_t count);
   Result<double> forward_backward(const FusedBatch& batch);
 
+  // Zeroes the AdamW moments and the step count: the next train_step starts a fresh optimizer
+  // (a federated client's round).
+  void reset_optimizer();
+
   // Host copies for tests and tools.
   std::vector<float> parameters_host();
   std::vector<float> gradients_host();

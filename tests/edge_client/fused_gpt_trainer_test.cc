@@ -1,0 +1,113 @@
+// The fused-engine GPT client trainer (what [client] device "cuda" runs) on the fused CPU backend:
+// the federation's layout, the same update as the autograd GptTrainer with AdamW, fresh moments
+// every round, a new batch size, and the refusals it names by key.
+#include "edge_client/fused_gpt_trainer.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <random>
+
+#include "edge_client/model_params.h"
+#include "models/gpt/gpt.h"
+#include "tests/testing/fused_weights.h"
+
+namespace starling::edge_client {
+namespace {
+
+using Catch::Contains;
+
+GptTrainerOptions tiny_adamw() {
+  GptTrainerOptions o;
+  o.model.vocab_size = 7;
+  o.model.block_size = 8;
+  o.model.n_layer = 2;
+  o.model.n_head = 2;
+  o.model.n_embd = 16;
+  o.grad_clip = 1.0f;
+  o.optimizer = LocalStepOptions::Optimizer::kAdamW;
+  o.weight_decay = 0.1f;
+  return o;
+}
+
+std::shared_ptr<const std::vector<int32_t>> text(int n) {
+  auto v = std::make_shared<std::vector<int32_t>>();
+  std::mt19937 gen(3);
+  for (int i = 0; i < n; ++i) v->push_back(static_cast<int32_t>(gen() % 7));
+  return v;
+}
+
+v1::RoundPlan plan(uint64_t seed, uint32_t steps, uint32_t batch) {
+  v1::RoundPlan p;
+  p.set_round(1);
+  p.set_local_steps(steps);
+  p.set_batch_size(batch);
+  p.set_learning_rate(0.01f);
+  p.set_seed(seed);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("fused GPT trainer: the federation's layout and the autograd trainer's update", "[fed]") {
+  const auto tokens = text(600);
+  const auto options = tiny_adamw();
+  GptTrainer autograd(tokens, 20, 500, options);
+  auto fused = FusedGptTrainer::create(tokens, 20, 500, options, FusedDevice{});
+  INFO(fused.status().to_string());
+  REQUIRE(fused.ok());
+  CHECK((*fused)->where() == "fused CPU engine");
+  // The same tensors, names, shapes and offsets: updates of either fold into one global model.
+  const auto& la = autograd.layout();
+  const auto& lf = (*fused)->layout();
+  REQUIRE(la.size() == lf.size());
+  for (size_t i = 0; i < la.size(); ++i) {
+    CHECK(la[i].name == lf[i].name);
+    CHECK(la[i].shape == lf[i].shape);
+    CHECK(la[i].offset == lf[i].offset);
+  }
+  const auto global = flatten(models::Gpt(options.model, 5));
+  // Two rounds from different globals and seeds: moments start fresh each round, and a second
+  // round with another batch size remakes the engine.
+  std::vector<float> g = global;
+  for (const auto& p : {plan(11, 6, 4), plan(12, 5, 3)}) {
+    std::vector<float> da(g.size()), df(g.size());
+    auto ra = autograd.train(g, p, da);
+    auto rf = (*fused)->train(g, p, df);
+    REQUIRE(ra.ok());
+    REQUIRE(rf.ok());
+    CHECK(rf->num_samples == ra->num_samples);
+    CHECK(rf->loss == Approx(ra->loss).epsilon(1e-5));
+    // Forward and backward agree to ~1e-6 (tests/models/fused_gpt_test.cc); a few AdamW steps,
+    // which divide by sqrt(v), amplify that to ~1e-5 (measured 7.5e-5 and 5.8e-6 here).
+    CHECK(testing::normalized_error(df.data(), da.data(), da.size()) <= 2e-4);
+    CHECK(std::any_of(df.begin(), df.end(), [](float x) { return x != 0.0f; }));
+    for (size_t i = 0; i < g.size(); ++i) g[i] += da[i];
+  }
+  // The same round twice gives the same update bit for bit (no state leaks between rounds).
+  std::vector<float> d1(g.size()), d2(g.size());
+  REQUIRE((*fused)->train(g, plan(13, 4, 4), d1).ok());
+  REQUIRE((*fused)->train(g, plan(13, 4, 4), d2).ok());
+  CHECK(d1 == d2);
+}
+
+TEST_CASE("fused GPT trainer: what the engine cannot run is refused by key", "[fed]") {
+  const auto tokens = text(200);
+  auto sgd = tiny_adamw();
+  sgd.optimizer = LocalStepOptions::Optimizer::kSgd;
+  auto r = FusedGptTrainer::create(tokens, 0, 200, sgd, FusedDevice{});
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Contains("model.local_optimizer"));
+  auto prox = tiny_adamw();
+  prox.prox_mu = 0.01f;
+  r = FusedGptTrainer::create(tokens, 0, 200, prox, FusedDevice{});
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Contains("local.prox_mu"));
+  // A GPU that is not there (a CPU build, or no device at this index) is an error, never a
+  // silent CPU run.
+  r = FusedGptTrainer::create(tokens, 0, 200, tiny_adamw(), FusedDevice{true, 97});
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Contains("cuda") || Contains("CUDA"));
+}
+
+}  // namespace starling::edge_client
