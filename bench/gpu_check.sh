@@ -121,47 +121,15 @@ step mdlm_torch_cuda "${TORCH_PYTHON:-python3}" bench/torch_gpt.py --mdlm --devi
 step mdlm_eval_ckpt "$build/apps/starling" eval "$build/mdlm_cuda/ckpt.safetensors"
 step mdlm_sample_ckpt "$build/apps/starling" sample "$build/mdlm_cuda/ckpt.safetensors" --steps 32
 
-# A federated round on the GPU (issue 20): the same tiny GPT federation (an aggregator and two
-# clients over mutual TLS on loopback, local AdamW) with the clients on the CPU (autograd) and on
-# cuda:0 (the fused engine); the global models after 2 rounds must agree within 1e-4.
-fed_dir="$build/fed_gpu"
-for dev in cpu cuda; do
-  mkdir -p "$fed_dir/$dev"
-  cat > "$fed_dir/$dev/gpt.toml" <<TOML
-[rounds]
-num_rounds = 2
-clients_per_round = 2
-min_available = 2
-[local]
-local_steps = 10
-batch_size = 8
-learning_rate = 0.001
-[data]
-dataset = "shakespeare"
-partition = "ROLES"
-num_clients = 2
-min_role_chars = 20000
-data_dir = "$root/tests/fixtures/data"
-[model]
-arch = "GPT"
-n_layer = 2
-n_head = 4
-n_embd = 64
-block_size = 64
-local_optimizer = "ADAMW"
-[eval]
-every_rounds = 1
-max_examples = 32
-[server]
-state_dir = "$fed_dir/$dev/state"
-[client]
-device = "$dev"
-TOML
-  step "fed_gpt_$dev" timeout 300 "$build/apps/starling" aggregator --simulate \
-    -c "$fed_dir/$dev/gpt.toml"
-done
-step fed_gpt_parity python3 bench/compare_safetensors.py --tol 1e-4 \
-  "$fed_dir/cpu/state/global_model.safetensors" "$fed_dir/cuda/state/global_model.safetensors"
+# A federated round on the GPU: an aggregator and two `starling client --device DEV` processes
+# over mutual TLS (bench/fed_device_round.sh: tiny GPT, 2 rounds, local AdamW) with DEV cpu
+# (autograd) and cuda (the fused engine on cuda:0); the global models must agree within 1e-4,
+# and each client prints the share of its round time spent outside training.
+step fed_round_cpu timeout 300 bash bench/fed_device_round.sh "$build" cpu "$build/fed_round_cpu"
+step fed_round_cuda timeout 300 bash bench/fed_device_round.sh "$build" cuda "$build/fed_round_cuda"
+step fed_round_parity python3 bench/compare_safetensors.py --tol 1e-4 \
+  "$build/fed_round_cpu/state/global_model.safetensors" \
+  "$build/fed_round_cuda/state/global_model.safetensors"
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -182,7 +150,7 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
   echo
   echo "starling train --device cuda (configs/gpt_char_cpu.toml, 200 steps): $(grep -E '^trained' "$logs/train_cuda.log" 2>/dev/null || echo 'did not finish')"
   echo
-  echo "Federated GPT round on the GPU (2 clients, 2 rounds, cpu vs cuda global model): $(tail -1 "$logs/fed_gpt_parity.log" 2>/dev/null || echo 'did not run')"
+  echo "Federated GPT round, 2 client processes on cuda:0 (bench/fed_device_round.sh): global model vs the CPU run: $(tail -1 "$logs/fed_round_parity.log" 2>/dev/null || echo 'did not run'); clients: $(grep -h -o 'rounds took .*' "$logs/fed_round_cuda.log" 2>/dev/null | tr '\n' ' ' || echo 'did not run')"
   echo
   echo "MDLM, char shape (T=256 L=6 H=6 C=384 B=64), bf16: starling train --device cuda: $(grep -E '^trained' "$logs/mdlm_train_cuda.log" 2>/dev/null || echo 'did not finish'); PyTorch: $(tail -1 "$logs/mdlm_torch_cuda.log" 2>/dev/null || echo 'did not run'); eval: $(grep -E '^val:' "$logs/mdlm_eval_ckpt.log" 2>/dev/null || echo 'did not run')"
 } >> bench/RESULTS.md

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <asio/steady_timer.hpp>
+#include <chrono>
 #include <csignal>
 #include <map>
 #include <optional>
@@ -67,6 +68,11 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
   // The upload in flight: saved in `state` once the aggregator acknowledges all of it.
   std::string upload_spec;
   uint64_t upload_round = 0;
+  // Round timing (EdgeClient::round_times): plan arrival, and the training of the upload in
+  // flight.
+  std::chrono::steady_clock::time_point plan_at{};
+  double upload_train_seconds = 0.0;
+  EdgeClient::RoundTimes times;
 
   // Restores the state file, if any. False (and stopped) when it cannot be used.
   bool load_state() {
@@ -235,6 +241,7 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
       case v1::Envelope::kRoundPlan:
         if (!server_hello) return fail(failed_precondition("round plan before Hello"));
         plan = e.round_plan();
+        plan_at = std::chrono::steady_clock::now();
         rx.reset();
         if (!condition_allows() && !stopped) decline(last_refusal);
         return;
@@ -245,6 +252,14 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
       case v1::Envelope::kChunkAck:
         if (pump && e.chunk_ack().transfer_id() == pump->header().transfer_id()) {
           if (e.chunk_ack().complete()) {
+            const double total =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - plan_at).count();
+            ++times.rounds;
+            times.total_seconds += total;
+            times.train_seconds += upload_train_seconds;
+            spdlog::debug("client {}: round {}: {:.3f} s, {:.3f} s training ({:.1f}% outside)",
+                          options.node_id, upload_round, total, upload_train_seconds,
+                          total > 0 ? 100.0 * (total - upload_train_seconds) / total : 0.0);
             save_state();
           } else if (!pump->started()) {
             pump->start();  // the aggregator's turn for this upload (an ack from index 0)
@@ -340,7 +355,10 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
           extra, "round " + std::to_string(p.round()) + "'s training");
       if (!mem.ok()) return decline(mem.message());
     }
+    const auto train_start = std::chrono::steady_clock::now();
     auto report = trainer.train(global, p, delta);
+    upload_train_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
     if (!report.ok()) {
       if (trainer.round_failures_recoverable()) return lose_round(p, report.status());
       return fail(report.status().with_context("local training"));
@@ -415,6 +433,7 @@ const Status& EdgeClient::error() const { return impl_->error; }
 int EdgeClient::rounds_trained() const { return impl_->rounds; }
 int EdgeClient::connections() const { return impl_->connections; }
 int EdgeClient::rounds_declined() const { return impl_->declined; }
+EdgeClient::RoundTimes EdgeClient::round_times() const { return impl_->times; }
 int EdgeClient::rounds_lost() const { return impl_->lost; }
 const Status& EdgeClient::last_round_lost() const { return impl_->last_loss; }
 uint64_t EdgeClient::peak_rss_bytes() const { return impl_->peak_rss; }

@@ -91,6 +91,16 @@ class EdgeClient {
   int rounds_lost() const;                // rounds a recoverable trainer failed
   const Status& last_round_lost() const;  // why the latest of those failed
   uint64_t peak_rss_bytes() const;        // of the process, after the last round (0: unknown)
+  // Where the time of the completed rounds went: from the round plan's arrival to the
+  // aggregator's acknowledgement of the whole update, and the part spent in
+  // LocalTrainer::train (the rest is download, decode, encode, waiting for the upload's turn and
+  // the upload).
+  struct RoundTimes {
+    int rounds = 0;
+    double total_seconds = 0.0;
+    double train_seconds = 0.0;
+  };
+  RoundTimes round_times() const;
 
   struct Impl;
 

@@ -123,11 +123,15 @@ Status run_client(const ClientArgs& args) {
   client.start();
   run_while(io, [&] { return client.stopped(); });
   const auto peak = edge_client::peak_rss_bytes();
+  const auto t = client.round_times();
   spdlog::info(
       "client {}: {} rounds trained, {} declined, {} lost to the trainer, peak RSS "
-      "{:.1f} MiB",
+      "{:.1f} MiB; rounds took {:.3f} s on average, {:.1f}% of it outside training "
+      "(download, encode, upload)",
       s.node_id, client.rounds_trained(), client.rounds_declined(), client.rounds_lost(),
-      peak.ok() ? static_cast<double>(*peak) / (1 << 20) : 0.0);
+      peak.ok() ? static_cast<double>(*peak) / (1 << 20) : 0.0,
+      t.rounds ? t.total_seconds / t.rounds : 0.0,
+      t.total_seconds > 0 ? 100.0 * (t.total_seconds - t.train_seconds) / t.total_seconds : 0.0);
   return client.error();
 }
 

@@ -204,6 +204,12 @@ TEST_CASE("FedAvg over mutual TLS equals the weighted average, bit for bit", "[n
   CHECK(bit_equal(agg->global(), expected));
   for (int k = 0; k < 4; ++k) {
     CHECK(clients[static_cast<size_t>(k)]->rounds_trained() == 3);
+    // Round timing: every acknowledged round counted, training a part of the round's time.
+    const auto t = clients[static_cast<size_t>(k)]->round_times();
+    CHECK(t.rounds == 3);
+    CHECK(t.total_seconds > 0.0);
+    CHECK(t.train_seconds >= 0.0);
+    CHECK(t.train_seconds <= t.total_seconds);
     // Each client saw the global model of the round before.
     REQUIRE(trainers[static_cast<size_t>(k)]->seen.size() == 3);
     CHECK(bit_equal(trainers[static_cast<size_t>(k)]->seen[2], expected_fedavg(2)));
