@@ -48,6 +48,7 @@ Result<std::unique_ptr<FusedGptTrainer>> FusedGptTrainer::create(
   trainer->where_ = device.cuda ? "cuda:" + std::to_string(device.gpu) + " (" + backend->name() +
                                       ", fused engine)"
                                 : "fused CPU engine";
+  trainer->backend_ = std::move(backend);  // the first engine runs on it
   return trainer;
 }
 
@@ -65,7 +66,10 @@ Status FusedGptTrainer::ensure_engine(int64_t batch) {
   if (engine_ && engine_->batch() == batch) return ok_status();
   engine_.reset();  // the old buffers go before the new ones are allocated
   // Seed 0: the weights are overwritten by every round's global model.
-  ASSIGN_OR_RETURN(auto backend, make_backend(device_));
+  std::unique_ptr<models::FusedBackend> backend = std::move(backend_);
+  if (!backend) {
+    ASSIGN_OR_RETURN(backend, make_backend(device_));
+  }
   ASSIGN_OR_RETURN(engine_, models::FusedGpt::make(options_.model, batch, options_.model.block_size,
                                                    0, std::move(backend)));
   return ok_status();

@@ -50,6 +50,7 @@ class FusedGptTrainer : public LocalTrainer {
   FusedDevice device_;
   compress::Layout layout_;
   std::string where_;
+  std::unique_ptr<models::FusedBackend> backend_;  // made by create(), taken by the first engine
   std::unique_ptr<models::FusedGpt> engine_;
 };
 

@@ -16,6 +16,7 @@
 #include "models/ddpm/trainer.h"
 #include "models/mdlm/checkpoint.h"
 #include "models/mdlm/trainer.h"
+#include "sim/mnist_task.h"
 
 namespace starling::sim {
 namespace {
@@ -240,21 +241,11 @@ Result<std::unique_ptr<edge_client::LocalTrainer>> make_ddpm_client_trainer(
 
 Result<std::unique_ptr<SimTask>> make_ddpm_task(const v1::FederationConfig& c,
                                                 std::string_view source, TaskUse use) {
-  const std::string ctx = std::string(source) + ": data";
-  std::shared_ptr<const data::MnistSet> train;
-  data::Partition parts;
-  if (use == TaskUse::kSimulation) {
-    ASSIGN_OR_RETURN(train, aggregator::load_split(c, true), ctx);
-    RETURN_IF_ERROR(check_ddpm_images(c, source, *train));
-    ASSIGN_OR_RETURN(parts, aggregator::make_partition(c, *train), ctx);
-  }
-  std::shared_ptr<const data::MnistSet> test;
-  if (c.eval().every_rounds() > 0) {
-    ASSIGN_OR_RETURN(test, aggregator::load_split(c, false), ctx);
-    RETURN_IF_ERROR(check_ddpm_images(c, source, *test));
-  }
+  ASSIGN_OR_RETURN(ImageSplits s, load_image_splits(c, source, use));
+  if (s.train) RETURN_IF_ERROR(check_ddpm_images(c, source, *s.train));
+  if (s.test) RETURN_IF_ERROR(check_ddpm_images(c, source, *s.test));
   return std::unique_ptr<SimTask>(
-      new DdpmTask(c, std::move(train), std::move(test), std::move(parts)));
+      new DdpmTask(c, std::move(s.train), std::move(s.test), std::move(s.parts)));
 }
 
 }  // namespace starling::sim

@@ -98,21 +98,25 @@ class MnistTask final : public SimTask {
 
 }  // namespace
 
+Result<ImageSplits> load_image_splits(const v1::FederationConfig& c, std::string_view source,
+                                      TaskUse use) {
+  const std::string ctx = std::string(source) + ": data";
+  ImageSplits s;
+  if (use == TaskUse::kSimulation) {
+    ASSIGN_OR_RETURN(s.train, aggregator::load_split(c, true), ctx);
+    ASSIGN_OR_RETURN(s.parts, aggregator::make_partition(c, *s.train), ctx);
+  }
+  if (c.eval().every_rounds() > 0) {
+    ASSIGN_OR_RETURN(s.test, aggregator::load_split(c, false), ctx);
+  }
+  return s;
+}
+
 Result<std::unique_ptr<SimTask>> make_mnist_task(const v1::FederationConfig& c,
                                                  std::string_view source, TaskUse use) {
-  const std::string ctx = std::string(source) + ": data";
-  std::shared_ptr<const data::MnistSet> train;
-  data::Partition parts;
-  if (use == TaskUse::kSimulation) {
-    ASSIGN_OR_RETURN(train, aggregator::load_split(c, true), ctx);
-    ASSIGN_OR_RETURN(parts, aggregator::make_partition(c, *train), ctx);
-  }
-  std::shared_ptr<const data::MnistSet> test;
-  if (c.eval().every_rounds() > 0) {
-    ASSIGN_OR_RETURN(test, aggregator::load_split(c, false), ctx);
-  }
+  ASSIGN_OR_RETURN(ImageSplits s, load_image_splits(c, source, use));
   return std::unique_ptr<SimTask>(
-      new MnistTask(c, std::move(train), std::move(test), std::move(parts)));
+      new MnistTask(c, std::move(s.train), std::move(s.test), std::move(s.parts)));
 }
 
 Result<std::unique_ptr<edge_client::LocalTrainer>> make_mnist_client_trainer(
