@@ -5,6 +5,7 @@
 
 #include "core/config/toml_config.h"
 #include "core/data/data_dir.h"
+#include "core/secagg/quantize.h"
 #include "edge_client/ddpm_trainer.h"
 #include "edge_client/mdlm_trainer.h"
 
@@ -212,6 +213,36 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
     check(c.rounds().buffer_size() == 0, "dp.clip_norm",
           "needs synchronous rounds (rounds.buffer_size 0)");
   }
+  if (c.secagg().enabled()) {
+    const auto& sa = c.secagg();
+    check(c.local().codec() == "identity", "local.codec",
+          "must be \"identity\" with [secagg]: the masked vectors must line up coordinate by "
+          "coordinate (top-k and random-k choose per-client coordinates, int8 and qsgd per-client "
+          "scales); secagg quantizes the update itself, secagg.modulus_bits bits per coordinate");
+    check(c.robust().rule() == v1::FedRobustConfig::MEAN && c.robust().clip_norm() == 0,
+          "robust.rule",
+          "must be MEAN without robust.clip_norm with [secagg]: the aggregator "
+          "sees only the sum, not the updates it would rank or clip");
+    check(c.dp().clip_norm() == 0, "dp.clip_norm",
+          "must be 0 with [secagg] (central DP needs the updates in the clear)");
+    check(c.rounds().buffer_size() == 0, "secagg.enabled",
+          "needs synchronous rounds (rounds.buffer_size 0)");
+    check(sa.dropout_tolerance() >= 0 && sa.dropout_tolerance() < 0.5, "secagg.dropout_tolerance",
+          "must be in [0, 0.5)");
+    check(sa.modulus_bits() >= 2 && sa.modulus_bits() <= 32, "secagg.modulus_bits",
+          "must be in [2, 32]");
+    check(sa.clip_range() > 0 && std::isfinite(sa.clip_range()), "secagg.clip_range",
+          "must be positive");
+    check(sa.quantization_levels() >= 2, "secagg.quantization_levels", "must be >= 2");
+    if (sa.modulus_bits() >= 2 && sa.modulus_bits() <= 32 && sa.clip_range() > 0 &&
+        sa.quantization_levels() >= 2) {
+      const secagg::Quantizer q{sa.clip_range(), sa.quantization_levels(), sa.modulus_bits()};
+      if (Status st = q.validate(c.data().num_clients()); !st.ok()) {
+        check(false, "secagg.modulus_bits",
+              (st.message() + " (data.num_clients clients could be summed)").c_str());
+      }
+    }
+  }
   check(c.server().metrics_port() <= 65535, "server.metrics_port", "must be a TCP port (0: off)");
   check(c.server().download_window_kb() > 0, "server.download_window_kb", "must be positive");
   check(c.server().download_memory_mb() > 0, "server.download_memory_mb", "must be positive");
@@ -219,6 +250,15 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
   check(c.server().upload_stall_seconds() > 0, "server.upload_stall_seconds", "must be positive");
   if (!errors.empty()) return invalid_argument("invalid federation config:" + errors);
   return ok_status();
+}
+
+Status secagg_in_process_only(const v1::FederationConfig& c, std::string_view where) {
+  if (!c.secagg().enabled()) return ok_status();
+  return failed_precondition(
+      std::string(where) +
+      ": secagg.enabled: secure aggregation over the network is not available yet; run it with "
+      "`starling simulate` (simulate.mode \"IN_PROCESS\"), or set secagg.enabled = false to "
+      "aggregate updates in the clear");
 }
 
 StrategyOptions strategy_options(const v1::FederationConfig& c) {

@@ -24,6 +24,10 @@ Result<v1::FederationConfig> load_federation_config(const std::filesystem::path&
 // InvalidArgument listing every bad value ("SOURCE: key 'rounds.fraction' ...").
 Status validate_federation_config(const v1::FederationConfig& config, std::string_view source);
 
+// [secagg] runs in `starling simulate` in process; over the network (the aggregator and client
+// processes, simulate.mode LOOPBACK) it is refused with this error rather than run in the clear.
+Status secagg_in_process_only(const v1::FederationConfig& config, std::string_view where);
+
 AggregatorOptions aggregator_options(const v1::FederationConfig& config);
 edge_client::MnistTrainerOptions trainer_options(const v1::FederationConfig& config);
 StrategyOptions strategy_options(const v1::FederationConfig& config);

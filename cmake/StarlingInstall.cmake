@@ -12,7 +12,7 @@ set(STARLING_PACKAGE_TARGETS
   starling_core_util starling_core_tensor starling_core_autograd starling_core_ops
   starling_core_nn starling_core_optim starling_core_io starling_core_data starling_core_config
   starling_core_compress starling_core_comm starling_core_fetch starling_core_wire
-  starling_core_cuda starling_core_net
+  starling_core_cuda starling_core_net starling_core_secagg
   starling_models starling_edge_client starling_aggregator starling_gossip starling_sim)
 if(TARGET starling_core_comm_nccl)
   list(APPEND STARLING_PACKAGE_TARGETS starling_core_comm_nccl)
@@ -47,7 +47,7 @@ add_library(starling_package_core INTERFACE)
 target_link_libraries(starling_package_core INTERFACE starling_core_util starling_core_tensor
   starling_core_autograd starling_core_ops starling_core_nn starling_core_optim starling_core_io
   starling_core_data starling_core_config starling_core_compress starling_core_comm
-  starling_core_net starling_core_wire)
+  starling_core_net starling_core_wire starling_core_secagg)
 set_target_properties(starling_package_core PROPERTIES EXPORT_NAME core)
 add_library(starling_package_client INTERFACE)
 target_link_libraries(starling_package_client INTERFACE starling_sim starling_edge_client

@@ -2,6 +2,7 @@
 #include "sim/engine.h"
 
 #include <omp.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,6 +22,7 @@
 #include "core/wire/frame.h"
 #include "edge_client/transfer.h"
 #include "sim/link.h"
+#include "sim/secagg_round.h"
 
 namespace starling::sim {
 
@@ -40,6 +42,11 @@ std::string RoundRecord::metrics_json() const {
                       {"bytes_total", bytes_total},
                       {"sim_round_seconds", sim_round_seconds},
                       {"sim_seconds", sim_seconds}};
+  if (secagg_degree > 0) {
+    j["secagg_dropped"] = secagg_dropped;
+    j["secagg_degree"] = secagg_degree;
+    j["secagg_threshold"] = secagg_threshold;
+  }
   if (evaluated) {
     j["test_loss"] = test_loss;
     j["test_accuracy"] = test_accuracy;
@@ -107,7 +114,8 @@ Result<std::string> transfer(WireLoop& wire, v1::Envelope head, std::string_view
 // What one selected client produced in a round.
 struct Outcome {
   bool dropped = false;
-  std::string payload;  // the update as the aggregator received it
+  std::string payload;              // the update as the aggregator received it
+  std::vector<uint32_t> quantized;  // [secagg]: the update quantized, masked later
   float weight = 0;
   float loss = 0;
   uint64_t bytes_up = 0;
@@ -149,6 +157,8 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
         "--simulate`");
   }
   ASSIGN_OR_RETURN(const int n_clients, fleet_size(cfg, task));
+  const bool secure = cfg.secagg().enabled();
+  const secagg::Quantizer quantizer = secagg_quantizer(cfg.secagg());
   const auto t0 = Clock::now();
   const compress::Layout& layout = task.layout();
   SimResult res;
@@ -260,6 +270,29 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
                              node + ": local training");
             trainer.reset();
             ASSIGN_OR_RETURN(std::vector<float> residual, store.take(k), node);
+            if (secure) {
+              // The client's side of secure aggregation: clip, quantize (unbiased), keep what
+              // was left out; the masking happens once the round knows who survived.
+              Outcome oc;
+              oc.quantized.resize(numel);
+              if (cfg.secagg().error_feedback() && residual.empty()) residual.assign(numel, 0.0f);
+              Rng qrng = Rng(opts.seed).fork(5).fork(static_cast<uint64_t>(k)).fork(round);
+              quantizer.quantize(
+                  delta,
+                  cfg.secagg().error_feedback() ? std::span<float>(residual) : std::span<float>(),
+                  qrng, oc.quantized);
+              RETURN_IF_ERROR(store.put(k, std::move(residual)), node);
+              oc.weight = static_cast<float>(report.num_samples);
+              oc.loss = report.loss;
+              const uint64_t masked = secagg::packed_size(numel, quantizer.bits) + 64;
+              oc.chunks_up = (masked + chunk_bytes - 1) / chunk_bytes;
+              const double compute_s =
+                  static_cast<double>(task.local_steps(k, plan)) * prof.seconds_per_step;
+              oc.seconds = down_s + compute_s +
+                           link.transfer_seconds(k, round, 1, masked, oc.chunks_up,
+                                                 prof.up_bytes_per_s, prof.latency_s);
+              return oc;
+            }
             ASSIGN_OR_RETURN(
                 ClientCodec codec,
                 ClientCodec::create(
@@ -350,6 +383,45 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
       rec.sim_round_seconds += close;
       std::vector<size_t> folded(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(taken));
       std::sort(folded.begin(), folded.end());  // fold in selection order: reproducible sums
+      if (secure) {
+        // Every selected client advertised and shared its keys at the start of the round; the
+        // ones taken send masked vectors, the others (dropped, late) are unmasked around.
+        std::vector<std::string> names(pick);
+        std::vector<const std::vector<uint32_t>*> inputs(pick, nullptr);
+        for (size_t i = 0; i < pick; ++i) names[i] = "client-" + std::to_string(chosen[i]);
+        for (size_t i : folded) inputs[i] = &out[i].quantized;
+        auto sa = run_secagg_round(
+            cfg.secagg(), round, names, [&](uint32_t i) { return inputs[i]; }, numel);
+        if (!sa.ok() && sa.status().code() == StatusCode::kFailedPrecondition) {
+          spdlog::warn("round {}: {}; retrying the round", round, sa.status().message());
+          sim_seconds += deadline - close;
+          rec.sim_round_seconds += deadline - close;
+          continue;
+        }
+        if (!sa.ok()) return sa.status().with_context("round " + std::to_string(round));
+        double weight = 0, loss_sum = 0;
+        for (size_t i : folded) {
+          weight += out[i].weight;
+          loss_sum += static_cast<double>(out[i].loss) * out[i].weight;
+          ++res.participation[static_cast<size_t>(chosen[i])];
+          out[i].quantized = {};
+        }
+        rec.updates = sa->survivors;
+        rec.rejected = 0;
+        rec.examples = weight;
+        rec.train_loss = loss_sum / weight;
+        rec.bytes_up += sa->bytes_up;
+        rec.bytes_down += sa->bytes_down;
+        bytes_total += sa->bytes_up + sa->bytes_down;
+        rec.secagg_dropped = sa->dropped;
+        rec.secagg_degree = static_cast<int>(sa->degree);
+        rec.secagg_threshold = static_cast<int>(sa->threshold);
+        const float inv = 1.0f / static_cast<float>(sa->survivors);
+        for (size_t j = 0; j < numel; ++j) mean[j] = sa->sum[j] * inv;
+        optimizer.apply(res.global, mean);
+        ++version;
+        break;
+      }
       acc.reset();
       double loss_sum = 0;
       int rejected = 0;

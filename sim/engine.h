@@ -35,6 +35,11 @@ struct RoundRecord {
   uint64_t bytes_total = 0;  // cumulative, both directions
   double sim_round_seconds = 0;
   double sim_seconds = 0;  // cumulative simulated wall time
+  // [secagg]: clients that shared keys but sent no masked vector (their masks were removed),
+  // and the round's graph degree and threshold (0 without secagg).
+  int secagg_dropped = 0;
+  int secagg_degree = 0;
+  int secagg_threshold = 0;
   bool evaluated = false;
   double test_loss = 0;
   double test_accuracy = 0;

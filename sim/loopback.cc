@@ -77,6 +77,7 @@ Result<Pki> make_pki(int n) {
 Result<SimResult> run_loopback(const v1::FederationConfig& cfg, SimTask& task,
                                const std::filesystem::path& out_dir,
                                const RoundCallback& on_round) {
+  RETURN_IF_ERROR(aggregator::secagg_in_process_only(cfg, "simulate.mode LOOPBACK"));
   const int have = task.num_clients();
   const int n =
       cfg.simulate().num_clients() ? static_cast<int>(cfg.simulate().num_clients()) : have;

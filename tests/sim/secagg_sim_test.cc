@@ -1,0 +1,204 @@
+// Secure aggregation in `starling simulate`: the same federation with and without [secagg] ends
+// at the same model (up to the quantization), clients dropping after the share stage are
+// unmasked around, a round the threshold cannot carry is retried with the model unchanged, and
+// configs that cannot compose with secagg are refused naming the key.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "aggregator/fed_task.h"
+#include "core/config/toml_config.h"
+#include "core/data/data_dir.h"
+#include "core/io/safetensors.h"
+#include "sim/run.h"
+
+namespace starling::sim {
+namespace {
+
+namespace fs = std::filesystem;
+using Catch::Contains;
+
+bool have_mnist() {
+  auto dir = data::resolve_data_dir("");
+  std::error_code ec;
+  return dir.ok() && fs::exists(*dir / "mnist/train-images-idx3-ubyte.gz", ec);
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("starling_secagg_sim_" + name);
+  fs::remove_all(d);
+  return d;
+}
+
+v1::FederationConfig tiny(bool secure) {
+  v1::FederationConfig c;
+  const Status st = config::parse_toml(R"(
+[simulate]
+mode = "IN_PROCESS"
+workers = 2
+progress = false
+[data]
+num_clients = 20
+partition = "IID"
+[model]
+hidden = 16
+[rounds]
+num_rounds = 3
+clients_per_round = 6
+fraction = 0.0
+[local]
+local_steps = 20
+batch_size = 20
+learning_rate = 0.05
+codec = "identity"
+[eval]
+max_examples = 500
+[secagg]
+clip_range = 1.0
+quantization_levels = 1048575
+modulus_bits = 32
+error_feedback = false
+)",
+                                       "tiny", &c);
+  REQUIRE(st.ok());
+  c.mutable_secagg()->set_enabled(secure);
+  return c;
+}
+
+RunOptions quiet(const fs::path& dir) {
+  RunOptions o;
+  o.out_dir = dir.string();
+  o.progress = false;
+  return o;
+}
+
+std::vector<float> weights(const fs::path& file) {
+  auto st = io::load_safetensors(file);
+  REQUIRE(st.ok());
+  std::vector<float> all;
+  for (const auto& [name, t] : st->tensors) {
+    const auto v = t.to_float_vector();
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
+std::vector<nlohmann::json> metrics(const fs::path& dir) {
+  std::ifstream f(dir / "metrics.jsonl");
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(f, line);) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("secagg: the federation ends at the model it reaches in the clear", "[sim][secagg]") {
+  if (!have_mnist()) return;
+  const fs::path a = fresh_dir("clear"), b = fresh_dir("masked");
+  auto plain = run_simulation(tiny(false), "clear", quiet(a));
+  REQUIRE(plain.ok());
+  auto masked = run_simulation(tiny(true), "masked", quiet(b));
+  INFO(masked.status().to_string());
+  REQUIRE(masked.ok());
+  const auto wa = weights(a / "model.safetensors"), wb = weights(b / "model.safetensors");
+  REQUIRE(wa.size() == wb.size());
+  double worst = 0;
+  bool differs = false;
+  for (size_t i = 0; i < wa.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(wa[i] - wb[i])));
+    differs = differs || wa[i] != wb[i];
+  }
+  CHECK(worst < 1e-3);  // 2^20 levels over [-1, 1]: a step of 2e-6 per client and round
+  CHECK(differs);       // but not the same bits: the sum went through the quantizer
+  const auto rows = metrics(b);
+  REQUIRE(rows.size() == 3);
+  for (const auto& r : rows) {
+    CHECK(r["updates"] == 6);
+    CHECK(r["secagg_degree"] == 5);  // 6 clients: every other one
+    CHECK(r["secagg_threshold"] == 4);
+    CHECK(r["secagg_dropped"] == 0);
+  }
+  CHECK(std::abs(plain->final_accuracy - masked->final_accuracy) < 0.02);
+  fs::remove_all(a);
+  fs::remove_all(b);
+}
+
+TEST_CASE(
+    "secagg: clients dropping after the share stage are unmasked around, and a round the "
+    "threshold cannot carry is retried",
+    "[sim][secagg]") {
+  if (!have_mnist()) return;
+  const fs::path d = fresh_dir("drop");
+  auto c = tiny(true);
+  c.mutable_rounds()->set_num_rounds(6);
+  c.mutable_simulate()->set_dropout(0.25f);
+  c.mutable_secagg()->set_error_feedback(true);
+  auto r = run_simulation(c, "drop", quiet(d));
+  INFO(r.status().to_string());
+  REQUIRE(r.ok());
+  int dropped = 0;
+  for (const auto& row : metrics(d)) {
+    dropped += row["secagg_dropped"].get<int>();
+    CHECK(row["updates"].get<int>() + row["secagg_dropped"].get<int>() == 6);
+  }
+  CHECK(dropped > 0);
+  CHECK(r->final_accuracy > 0.3);
+
+  // Threshold 6 of 6: any dropout leaves too few shares; those rounds are retried.
+  const fs::path e = fresh_dir("strict");
+  c.mutable_secagg()->set_threshold(6);
+  c.mutable_rounds()->set_num_rounds(3);
+  auto s = run_simulation(c, "strict", quiet(e));
+  INFO(s.status().to_string());
+  REQUIRE(s.ok());
+  int retried = 0;
+  for (const auto& row : metrics(e)) {
+    retried += row["attempts"].get<int>() - 1;
+    CHECK(row["secagg_dropped"] == 0);
+    CHECK(row["updates"] == 6);
+  }
+  CHECK(retried > 0);
+  fs::remove_all(d);
+  fs::remove_all(e);
+}
+
+TEST_CASE("secagg: configs it cannot compose with are refused naming the key", "[sim][secagg]") {
+  auto topk = tiny(true);
+  topk.mutable_local()->set_codec("topk:ratio=0.1");
+  const Status st = aggregator::validate_federation_config(topk, "t.toml");
+  CHECK_THAT(st.message(), Contains("key 'local.codec'") && Contains("per-client coordinates"));
+  auto median = tiny(true);
+  median.mutable_robust()->set_rule(v1::FedRobustConfig::MEDIAN);
+  CHECK_THAT(aggregator::validate_federation_config(median, "t.toml").message(),
+             Contains("key 'robust.rule'"));
+  auto dp = tiny(true);
+  dp.mutable_dp()->set_clip_norm(1.0f);
+  CHECK_THAT(aggregator::validate_federation_config(dp, "t.toml").message(),
+             Contains("key 'dp.clip_norm'"));
+  auto wrap = tiny(true);
+  wrap.mutable_secagg()->set_modulus_bits(16);
+  CHECK_THAT(aggregator::validate_federation_config(wrap, "t.toml").message(),
+             Contains("key 'secagg.modulus_bits'") && Contains("sum past the modulus"));
+  auto bad_threshold = tiny(true);
+  bad_threshold.mutable_secagg()->set_threshold(2);  // not a majority of 6 holders
+  if (have_mnist()) {
+    const fs::path d = fresh_dir("bad_threshold");
+    auto r = run_simulation(bad_threshold, "bad", quiet(d));
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(), Contains("secagg.threshold 2"));
+    fs::remove_all(d);
+  }
+  auto loopback = tiny(true);
+  loopback.mutable_simulate()->set_mode(v1::FedSimulateConfig::LOOPBACK);
+  const Status net = aggregator::secagg_in_process_only(loopback, "simulate.mode LOOPBACK");
+  CHECK(net.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(net.message(), Contains("secagg.enabled") && Contains("IN_PROCESS"));
+  CHECK(aggregator::secagg_in_process_only(tiny(false), "x").ok());
+}
+
+}  // namespace starling::sim
