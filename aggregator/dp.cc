@@ -230,4 +230,47 @@ Result<std::vector<double>> rdp_from_text(const std::string& text) {
   return out;
 }
 
+double rdp_skellam(double order, double l1, double l2, double variance) {
+  if (variance <= 0) return std::numeric_limits<double>::infinity();
+  const double a = order;
+  return a * l2 * l2 / (2 * variance) +
+         std::min(((2 * a - 1) * l2 * l2 + 6 * l1) / (4 * variance * variance),
+                  3 * l1 / (2 * variance));
+}
+
+double rdp_poisson_subsampled(int order, double q, const std::function<double(int)>& eps) {
+  const double full = eps(order);
+  if (q >= 1) return full;
+  if (q <= 0) return 0.0;
+  const double a = order;
+  auto log_comb = [](double n, double k) {
+    return std::lgamma(n + 1) - std::lgamma(k + 1) - std::lgamma(n - k + 1);
+  };
+  // log of (1-q)^(a-1) (a q - q + 1) + C(a,2) q^2 (1-q)^(a-2) e^eps(2)
+  //        + 3 sum_{l=3..a} C(a,l) (1-q)^(a-l) q^l e^((l-1) eps(l)).
+  double total = (a - 1) * std::log1p(-q) + std::log(a * q - q + 1);
+  total = log_add(total, log_comb(a, 2) + 2 * std::log(q) + (a - 2) * std::log1p(-q) + eps(2));
+  for (int l = 3; l <= order; ++l) {
+    total = log_add(total, std::log(3.0) + log_comb(a, l) + (a - l) * std::log1p(-q) +
+                               l * std::log(q) + (l - 1) * eps(l));
+  }
+  return std::min(full, total / (a - 1));
+}
+
+std::vector<double> integer_rdp_orders() {
+  std::vector<double> o;
+  for (int k = 2; k <= 128; ++k) o.push_back(k);
+  o.push_back(256);
+  return o;
+}
+
+SkellamAccountant::SkellamAccountant() : orders_(integer_rdp_orders()), rdp_(orders_.size(), 0) {}
+
+void SkellamAccountant::compose(double q, double l1, double l2, double variance) {
+  auto eps = [&](int order) { return rdp_skellam(order, l1, l2, variance); };
+  for (size_t i = 0; i < orders_.size(); ++i) {
+    rdp_[i] += rdp_poisson_subsampled(static_cast<int>(orders_[i]), q, eps);
+  }
+}
+
 }  // namespace starling::aggregator

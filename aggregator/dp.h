@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -94,6 +95,34 @@ class RdpAccountant {
   // Replaces the accumulated RDP (resuming from a checkpoint). InvalidArgument unless it has
   // one finite-or-infinite non-negative value per order.
   Status restore(std::vector<double> rdp);
+
+ private:
+  std::vector<double> orders_;
+  std::vector<double> rdp_;
+};
+
+// Distributed DP with secure aggregation (core/secagg/noise.h): the sum carries Skellam noise
+// of total variance `variance` (integer domain) and one client moves it by at most l2 in L2 and
+// l1 in L1. RDP at `order` (> 1) of the Skellam mechanism (Agarwal, Kairouz, Liu 2021, as
+// Google's distributed_dp accounting states it in the integer domain):
+// order l2^2 / (2 variance) + min(((2 order - 1) l2^2 + 6 l1) / (4 variance^2),
+// 3 l1 / (2 variance)).
+double rdp_skellam(double order, double l1, double l2, double variance);
+
+// RDP at integer `order` >= 2 of a mechanism with RDP eps(j) at integer orders, applied to a
+// Poisson subsample with rate q (the general upper bound of Zhu and Wang 2019), never above the
+// unamplified eps(order).
+double rdp_poisson_subsampled(int order, double q, const std::function<double(int)>& eps);
+
+// The integer orders tracked for the Skellam mechanism: 2, 3, ..., 128, 256.
+std::vector<double> integer_rdp_orders();
+
+// Composition of Poisson-subsampled Skellam rounds. Not thread-safe.
+class SkellamAccountant {
+ public:
+  SkellamAccountant();
+  void compose(double q, double l1, double l2, double variance);
+  PrivacySpent spent(double delta) const { return epsilon_from_rdp(orders_, rdp_, delta); }
 
  private:
   std::vector<double> orders_;

@@ -234,6 +234,16 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
     check(sa.clip_range() > 0 && std::isfinite(sa.clip_range()), "secagg.clip_range",
           "must be positive");
     check(sa.quantization_levels() >= 2, "secagg.quantization_levels", "must be >= 2");
+    check(sa.noise_multiplier() >= 0 && std::isfinite(sa.noise_multiplier()),
+          "secagg.noise_multiplier", "must be >= 0 (0: no distributed DP)");
+    if (sa.noise_multiplier() > 0) {
+      check(sa.dp_clip_norm() > 0 && std::isfinite(sa.dp_clip_norm()), "secagg.dp_clip_norm",
+            "must be positive");
+      check(sa.dp_delta() > 0 && sa.dp_delta() < 1, "secagg.dp_delta", "must be in (0, 1)");
+      check(!sa.error_feedback(), "secagg.error_feedback",
+            "must be false with secagg.noise_multiplier: a residual would carry clipped mass "
+            "past the clip, and the noise would no longer cover one client's influence");
+    }
     if (sa.modulus_bits() >= 2 && sa.modulus_bits() <= 32 && sa.clip_range() > 0 &&
         sa.quantization_levels() >= 2) {
       const secagg::Quantizer q{sa.clip_range(), sa.quantization_levels(), sa.modulus_bits()};

@@ -74,10 +74,12 @@ Point ours(uint32_t n, uint64_t dim, double dropout, uint32_t bits, double toler
     }
     return &x;
   };
-  auto res = sim::run_secagg_round(cfg, 1, names, input, dim);
   Point p;
   p.clients = n;
   p.dim = dim;
+  auto params = sim::plan_secagg(cfg, n, dim);
+  auto res = params.ok() ? sim::run_secagg_round(cfg, 1, *params, names, input)
+                         : Result<sim::SecAggRoundResult>(params.status());
   if (!res.ok()) {
     std::fprintf(stderr, "secagg_bench: %u clients, %lu: %s\n", n, static_cast<unsigned long>(dim),
                  res.status().to_string().c_str());

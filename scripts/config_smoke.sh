@@ -346,6 +346,9 @@ run_config() {
       # 10,000 clients need 10,000 training images; the fixture holds 3,000.
       kind=simulate; run_simulate "$cfg" data.num_clients=1000 ;;
     sim_mnist_100) kind=simulate; run_simulate "$cfg" ;;
+    fed_mnist_secagg)
+      # Clients drop after sharing their keys, so the unmasking of dropped clients runs too.
+      kind=simulate; run_simulate "$cfg" simulate.dropout=0.2 ;;
     sim_mnist_emulated)
       # Late joiners arrive after round 1 instead of 20, so the two rounds see them join.
       kind=simulate; run_simulate "$cfg" simulate.late_join_rounds=1 ;;

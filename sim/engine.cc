@@ -14,9 +14,11 @@
 #include <thread>
 
 #include "aggregator/accumulator.h"
+#include "aggregator/dp.h"
 #include "aggregator/fed_task.h"
 #include "aggregator/strategy.h"
 #include "core/net/chunk_stream.h"
+#include "core/secagg/noise.h"
 #include "core/util/rng.h"
 #include "core/wire/envelope.h"
 #include "core/wire/frame.h"
@@ -42,6 +44,7 @@ std::string RoundRecord::metrics_json() const {
                       {"bytes_total", bytes_total},
                       {"sim_round_seconds", sim_round_seconds},
                       {"sim_seconds", sim_seconds}};
+  if (dp_epsilon > 0) j["dp_epsilon"] = dp_epsilon;
   if (secagg_degree > 0) {
     j["secagg_dropped"] = secagg_dropped;
     j["secagg_degree"] = secagg_degree;
@@ -159,6 +162,18 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
   ASSIGN_OR_RETURN(const int n_clients, fleet_size(cfg, task));
   const bool secure = cfg.secagg().enabled();
   const secagg::Quantizer quantizer = secagg_quantizer(cfg.secagg());
+  const bool distributed_dp = secure && cfg.secagg().noise_multiplier() > 0;
+  aggregator::SkellamAccountant accountant;
+  if (distributed_dp) {
+    // The noisy sum of every client must not wrap around: 10 standard deviations of the total
+    // noise of a round of all the clients, spread over them, on top of their largest values.
+    const auto sens = secagg::rounded_sensitivity(cfg.secagg().dp_clip_norm(), quantizer.scale(),
+                                                  task.initial_model().size());
+    const double n = n_clients;
+    const double margin = 10 * cfg.secagg().noise_multiplier() * sens.l2 * std::sqrt(n / 2) / n;
+    RETURN_IF_ERROR(quantizer.validate(static_cast<uint32_t>(n_clients), margin),
+                    "secagg.noise_multiplier " + std::to_string(cfg.secagg().noise_multiplier()));
+  }
   const auto t0 = Clock::now();
   const compress::Layout& layout = task.layout();
   SimResult res;
@@ -206,14 +221,39 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
       size_t want = std::max<size_t>(opts.clients_per_round,
                                      ceil_count(opts.fraction * static_cast<double>(available)));
       want = std::clamp<size_t>(want, 1, available);
-      const size_t pick =
+      size_t pick =
           std::min(available, ceil_count(static_cast<double>(want) * (1.0 + opts.over_selection)));
       Rng rng = Rng(opts.seed).fork((round << 16) + attempt);
-      for (size_t i = 0; i < pick; ++i) {
-        const size_t j = i + static_cast<size_t>(rng.below(available - i));
-        std::swap(idle[i], idle[j]);
+      std::vector<int> chosen;
+      const double dp_rate = static_cast<double>(want) / static_cast<double>(available);
+      if (distributed_dp) {
+        // Poisson sampling, the accountant's model: each available client with probability
+        // want / available, and every one drawn is waited for.
+        for (int k : idle) {
+          if (rng.uniform() < dp_rate) chosen.push_back(k);
+        }
+        pick = chosen.size();
+        want = pick;
+        if (pick < 2) {
+          sim_seconds += deadline;
+          continue;
+        }
+      } else {
+        for (size_t i = 0; i < pick; ++i) {
+          const size_t j = i + static_cast<size_t>(rng.below(available - i));
+          std::swap(idle[i], idle[j]);
+        }
+        chosen.assign(idle.begin(), idle.begin() + static_cast<std::ptrdiff_t>(pick));
       }
-      std::vector<int> chosen(idle.begin(), idle.begin() + static_cast<std::ptrdiff_t>(pick));
+      // Secure aggregation: the round's graph and threshold are set before training, and with
+      // them each client's share of the noise.
+      secagg::Params sa_params;
+      double client_variance = 0;
+      if (secure) {
+        ASSIGN_OR_RETURN(sa_params, plan_secagg(cfg.secagg(), static_cast<uint32_t>(pick), numel),
+                         "round " + std::to_string(round));
+        client_variance = secagg_client_variance(cfg.secagg(), sa_params);
+      }
 
       // The model download: one framed, chunked transfer, decoded back; every client gets it.
       WireLoop down;
@@ -276,11 +316,27 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
               Outcome oc;
               oc.quantized.resize(numel);
               if (cfg.secagg().error_feedback() && residual.empty()) residual.assign(numel, 0.0f);
+              if (distributed_dp) {
+                // Clip to the L2 norm the sensitivity assumes.
+                double norm2 = 0;
+                for (float v : delta) norm2 += static_cast<double>(v) * v;
+                const double clip = cfg.secagg().dp_clip_norm();
+                if (norm2 > clip * clip) {
+                  const auto f = static_cast<float>(clip / std::sqrt(norm2));
+                  for (float& v : delta) v *= f;
+                }
+              }
               Rng qrng = Rng(opts.seed).fork(5).fork(static_cast<uint64_t>(k)).fork(round);
               quantizer.quantize(
                   delta,
                   cfg.secagg().error_feedback() ? std::span<float>(residual) : std::span<float>(),
                   qrng, oc.quantized);
+              if (distributed_dp) {
+                ASSIGN_OR_RETURN(auto noise, secagg::SecureStream::fresh(), node);
+                RETURN_IF_ERROR(
+                    secagg::add_skellam(oc.quantized, client_variance, quantizer.bits, noise),
+                    node + ": distributed DP noise");
+              }
               RETURN_IF_ERROR(store.put(k, std::move(residual)), node);
               oc.weight = static_cast<float>(report.num_samples);
               oc.loss = report.loss;
@@ -390,8 +446,8 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
         std::vector<const std::vector<uint32_t>*> inputs(pick, nullptr);
         for (size_t i = 0; i < pick; ++i) names[i] = "client-" + std::to_string(chosen[i]);
         for (size_t i : folded) inputs[i] = &out[i].quantized;
-        auto sa = run_secagg_round(
-            cfg.secagg(), round, names, [&](uint32_t i) { return inputs[i]; }, numel);
+        auto sa = run_secagg_round(cfg.secagg(), round, sa_params, names,
+                                   [&](uint32_t i) { return inputs[i]; });
         if (!sa.ok() && sa.status().code() == StatusCode::kFailedPrecondition) {
           spdlog::warn("round {}: {}; retrying the round", round, sa.status().message());
           sim_seconds += deadline - close;
@@ -416,7 +472,19 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
         rec.secagg_dropped = sa->dropped;
         rec.secagg_degree = static_cast<int>(sa->degree);
         rec.secagg_threshold = static_cast<int>(sa->threshold);
-        const float inv = 1.0f / static_cast<float>(sa->survivors);
+        if (distributed_dp) {
+          // The noise the round's survivors actually added (fewer survivors, less noise).
+          const auto sens =
+              secagg::rounded_sensitivity(cfg.secagg().dp_clip_norm(), quantizer.scale(), numel);
+          accountant.compose(dp_rate, sens.l1, sens.l2, client_variance * sa->survivors);
+          rec.dp_epsilon = accountant.spent(cfg.secagg().dp_delta()).epsilon;
+        }
+        // The mean over the updates summed; under distributed DP over the expected number,
+        // q * available, as DP-FedAvg's fixed denominator (a round that drew few clients does
+        // not divide the noise by few).
+        const double denominator = distributed_dp ? dp_rate * static_cast<double>(available)
+                                                  : static_cast<double>(sa->survivors);
+        const auto inv = static_cast<float>(1.0 / denominator);
         for (size_t j = 0; j < numel; ++j) mean[j] = sa->sum[j] * inv;
         optimizer.apply(res.global, mean);
         ++version;

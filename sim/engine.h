@@ -40,6 +40,8 @@ struct RoundRecord {
   int secagg_dropped = 0;
   int secagg_degree = 0;
   int secagg_threshold = 0;
+  // [secagg] noise_multiplier: the epsilon spent so far at secagg.dp_delta.
+  double dp_epsilon = 0;
   bool evaluated = false;
   double test_loss = 0;
   double test_accuracy = 0;

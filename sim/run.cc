@@ -241,6 +241,10 @@ Result<RunSummary> run_simulation(const v1::FederationConfig& cfg, const std::st
   s.dir = dir;
   s.task = task->describe();
   s.codec = cfg.local().codec();
+  if (cfg.secagg().enabled()) {
+    s.codec = "secagg: " + std::to_string(cfg.secagg().quantization_levels()) + " levels, mod 2^" +
+              std::to_string(cfg.secagg().modulus_bits());
+  }
   s.peak_rss_bytes = peak_rss_bytes();
   RETURN_IF_ERROR(task->save_model(dir / "model.safetensors", result->global, s.rounds));
   if (cfg.simulate().central_baseline()) {

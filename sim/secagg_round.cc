@@ -1,8 +1,11 @@
 #include "sim/secagg_round.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 
+#include "core/secagg/noise.h"
 #include "core/secagg/protocol.h"
 #include "core/wire/envelope.h"
 #include "core/wire/frame.h"
@@ -31,17 +34,36 @@ secagg::Quantizer secagg_quantizer(const v1::FedSecAggConfig& c) {
   return secagg::Quantizer{c.clip_range(), c.quantization_levels(), c.modulus_bits()};
 }
 
+Result<secagg::Params> plan_secagg(const v1::FedSecAggConfig& config, uint32_t n, size_t numel) {
+  return secagg::plan_round(n, config.threshold(), config.degree(), config.modulus_bits(), numel,
+                            config.dropout_tolerance());
+}
+
+double secagg_client_variance(const v1::FedSecAggConfig& config, const secagg::Params& params) {
+  if (config.noise_multiplier() <= 0) return 0.0;
+  const auto sens = secagg::rounded_sensitivity(
+      config.dp_clip_norm(), secagg_quantizer(config).scale(), params.vector_length);
+  const double total = std::pow(config.noise_multiplier() * sens.l2, 2);
+  // Split over the survivors expected at dropout_tolerance (never fewer than the threshold);
+  // the accountant then charges each round for the noise its survivors actually added.
+  const double n = params.num_clients;
+  const double expected = std::floor(n * (1.0 - config.dropout_tolerance()) + 1e-9);
+  return total / std::max<double>(params.threshold, expected);
+}
+
 Result<SecAggRoundResult> run_secagg_round(const v1::FedSecAggConfig& config, uint64_t round,
+                                           const secagg::Params& params,
                                            std::span<const std::string> names,
-                                           const SecAggInput& input, size_t numel) {
+                                           const SecAggInput& input) {
   using secagg::ClientSession;
   using secagg::ServerSession;
   const auto n = static_cast<uint32_t>(names.size());
+  const size_t numel = params.vector_length;
   SecAggRoundResult res;
-  ASSIGN_OR_RETURN(const secagg::Params params,
-                   secagg::plan_round(n, config.threshold(), config.degree(), config.modulus_bits(),
-                                      numel, config.dropout_tolerance()),
-                   "round " + std::to_string(round));
+  if (n != params.num_clients) {
+    return invalid_argument("secagg: " + std::to_string(n) + " names for a round of " +
+                            std::to_string(params.num_clients));
+  }
   res.degree = params.degree;
   res.threshold = params.threshold;
   auto t = Clock::now();

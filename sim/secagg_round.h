@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/secagg/protocol.h"
 #include "core/secagg/quantize.h"
 #include "core/util/status.h"
 #include "core/wire/federation.pb.h"
@@ -38,10 +39,22 @@ struct SecAggRoundResult {
 // next call.
 using SecAggInput = std::function<const std::vector<uint32_t>*(uint32_t i)>;
 
-// names[i]: client i of the round (selection order). A round the threshold cannot carry is
-// FailedPrecondition (the caller retries it; nothing was unmasked).
+// The parameters of a round of n clients masking numel integers, as [secagg] asks (errors
+// name the key).
+Result<secagg::Params> plan_secagg(const v1::FedSecAggConfig& config, uint32_t n, size_t numel);
+
+// Each client's share of the distributed DP noise ([secagg] noise_multiplier): the variance of
+// its Skellam noise for a round planned as `params`, so that the survivors expected at
+// secagg.dropout_tolerance (at least the threshold) carry the total
+// (noise_multiplier * L2 sensitivity)^2; fewer survivors carry less, and the accountant charges
+// what they carried. 0 without noise.
+double secagg_client_variance(const v1::FedSecAggConfig& config, const secagg::Params& params);
+
+// names[i]: client i of the round (selection order), params.num_clients of them. A round the
+// threshold cannot carry is FailedPrecondition (the caller retries it; nothing was unmasked).
 Result<SecAggRoundResult> run_secagg_round(const v1::FedSecAggConfig& config, uint64_t round,
+                                           const secagg::Params& params,
                                            std::span<const std::string> names,
-                                           const SecAggInput& input, size_t numel);
+                                           const SecAggInput& input);
 
 }  // namespace starling::sim

@@ -164,28 +164,46 @@ Result<std::string> open(const Key32& key, std::string_view aad, std::string_vie
 
 Status apply_mask(const Key32& seed, std::string_view session, std::span<uint32_t> v, int sign,
                   uint32_t bits) {
-  ASSIGN_OR_RETURN(const Key32 k, derive(seed, session, "starling secagg mask"));
-  CipherCtx ctx(EVP_CIPHER_CTX_new());
-  // Key: the first 16 bytes; initial counter block: the last 16.
-  if (!ctx ||
-      EVP_EncryptInit_ex(ctx.get(), EVP_aes_128_ctr(), nullptr, k.data(), k.data() + 16) != 1) {
-    return internal_error("AES-128-CTR: cannot start the mask PRG");
+  const MaskSeed one{seed, sign};
+  return apply_masks(std::span<const MaskSeed>(&one, 1), session, v, bits);
+}
+
+Status apply_masks(std::span<const MaskSeed> masks, std::string_view session, std::span<uint32_t> v,
+                   uint32_t bits) {
+  // One AES-128-CTR stream per seed, keyed by HKDF(seed, session): key the first 16 bytes,
+  // initial counter block the last 16.
+  std::vector<CipherCtx> ctx;
+  ctx.reserve(masks.size());
+  for (const MaskSeed& m : masks) {
+    ASSIGN_OR_RETURN(const Key32 k, derive(m.seed, session, "starling secagg mask"));
+    CipherCtx c(EVP_CIPHER_CTX_new());
+    if (!c ||
+        EVP_EncryptInit_ex(c.get(), EVP_aes_128_ctr(), nullptr, k.data(), k.data() + 16) != 1) {
+      return internal_error("AES-128-CTR: cannot start the mask PRG");
+    }
+    ctx.push_back(std::move(c));
   }
   const uint32_t mask = modulus_mask(bits);
   thread_local std::vector<uint32_t> zeros(kBlockInts, 0), stream(kBlockInts);
   for (size_t at = 0; at < v.size(); at += kBlockInts) {
     const size_t m = std::min(kBlockInts, v.size() - at);
-    int len = 0;
-    if (EVP_EncryptUpdate(ctx.get(), reinterpret_cast<uint8_t*>(stream.data()), &len,
-                          reinterpret_cast<const uint8_t*>(zeros.data()),
-                          static_cast<int>(m * sizeof(uint32_t))) != 1) {
-      return internal_error("AES-128-CTR: the mask PRG failed");
-    }
     uint32_t* out = v.data() + at;
-    if (sign > 0) {
-      for (size_t i = 0; i < m; ++i) out[i] = (out[i] + stream[i]) & mask;
-    } else {
-      for (size_t i = 0; i < m; ++i) out[i] = (out[i] - stream[i]) & mask;
+    for (size_t s = 0; s < masks.size(); ++s) {
+      int len = 0;
+      if (EVP_EncryptUpdate(ctx[s].get(), reinterpret_cast<uint8_t*>(stream.data()), &len,
+                            reinterpret_cast<const uint8_t*>(zeros.data()),
+                            static_cast<int>(m * sizeof(uint32_t))) != 1) {
+        return internal_error("AES-128-CTR: the mask PRG failed");
+      }
+      if (masks[s].sign > 0) {
+        for (size_t i = 0; i < m; ++i) out[i] += stream[i];
+      } else {
+        for (size_t i = 0; i < m; ++i) out[i] -= stream[i];
+      }
+    }
+    // Reduce once per block: addition mod 2^32 commutes with the final mod 2^bits.
+    if (mask != 0xFFFFFFFFu) {
+      for (size_t i = 0; i < m; ++i) out[i] &= mask;
     }
   }
   return ok_status();

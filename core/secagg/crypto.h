@@ -45,6 +45,16 @@ Result<std::string> open(const Key32& key, std::string_view aad, std::string_vie
 Status apply_mask(const Key32& seed, std::string_view session, std::span<uint32_t> v, int sign,
                   uint32_t bits);
 
+// Several masks at once: v[i] += sum over masks of sign * PRG(seed)[i] mod 2^bits, the same
+// as one apply_mask per seed, but block by block (each block of v stays in cache while every
+// keystream is added to it).
+struct MaskSeed {
+  Key32 seed{};
+  int sign = +1;
+};
+Status apply_masks(std::span<const MaskSeed> masks, std::string_view session, std::span<uint32_t> v,
+                   uint32_t bits);
+
 inline uint32_t modulus_mask(uint32_t bits) {
   return bits >= 32 ? 0xFFFFFFFFu : ((1u << bits) - 1u);
 }

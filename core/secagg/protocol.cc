@@ -301,13 +301,15 @@ Result<v1::SecAggMaskedInput> ClientSession::masked_input(const v1::SecAggCipher
                               std::to_string(params_.modulus_bits));
     }
   }
-  RETURN_IF_ERROR(apply_mask(seed_, session_, y, +1, params_.modulus_bits));
+  std::vector<MaskSeed> masks;
+  masks.push_back({seed_, +1});
   for (const auto& [i, h] : held) {
     ASSIGN_OR_RETURN(const Key32 pub, key_from(peers_.at(i).s_public(), "s_public"));
     ASSIGN_OR_RETURN(const Key32 pair, agree(s_.secret, pub),
                      "secagg: the pairwise mask with client " + std::to_string(i));
-    RETURN_IF_ERROR(apply_mask(pair, session_, y, index_ < i ? +1 : -1, params_.modulus_bits));
+    masks.push_back({pair, index_ < i ? +1 : -1});
   }
+  RETURN_IF_ERROR(apply_masks(masks, session_, y, params_.modulus_bits));
   held_ = std::move(held);
   v1::SecAggMaskedInput out;
   out.set_round(round_);
@@ -664,9 +666,10 @@ Result<std::vector<uint32_t>> ServerSession::finish() {
   if (stage_ != 3) return failed_precondition("secagg: finish() outside the unmask stage");
   stage_ = 4;
   const uint32_t bits = params_.modulus_bits;
+  std::vector<MaskSeed> masks;
   for (uint32_t j : survivors_) {
     ASSIGN_OR_RETURN(const Key32 b, reconstruct(j, true));
-    RETURN_IF_ERROR(apply_mask(b, session_, sum_, -1, bits));
+    masks.push_back({b, -1});
   }
   for (uint32_t i : dropped_) {
     ASSIGN_OR_RETURN(const Key32 s, reconstruct(i, false));
@@ -676,9 +679,10 @@ Result<std::vector<uint32_t>> ServerSession::finish() {
       ASSIGN_OR_RETURN(const Key32 pair, agree(s, pub),
                        "secagg: the mask between " + names_[i] + " and " + names_[j]);
       // j added (j < i ? + : -) PRG(pair); take it away.
-      RETURN_IF_ERROR(apply_mask(pair, session_, sum_, j < i ? -1 : +1, bits));
+      masks.push_back({pair, j < i ? -1 : +1});
     }
   }
+  RETURN_IF_ERROR(apply_masks(masks, session_, sum_, bits));
   return sum_;
 }
 
