@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/compress/spec.h"
 #include "core/config/toml_config.h"
 #include "core/data/data_dir.h"
 #include "core/secagg/quantize.h"
@@ -215,10 +216,13 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
   }
   if (c.secagg().enabled()) {
     const auto& sa = c.secagg();
-    check(c.local().codec() == "identity", "local.codec",
-          "must be \"identity\" with [secagg]: the masked vectors must line up coordinate by "
-          "coordinate (top-k and random-k choose per-client coordinates, int8 and qsgd per-client "
-          "scales); secagg quantizes the update itself, secagg.modulus_bits bits per coordinate");
+    if (auto ratio = secagg_randk_ratio(c); !ratio.ok()) {
+      errors += "\n  " + std::string(source) + ": " + ratio.status().message();
+    } else if (*ratio > 0 && sa.noise_multiplier() > 0) {
+      check(false, "local.codec",
+            "must be \"identity\" with secagg.noise_multiplier: random-k's unbiased scaling "
+            "would multiply the sensitivity the noise covers");
+    }
     check(c.robust().rule() == v1::FedRobustConfig::MEAN && c.robust().clip_norm() == 0,
           "robust.rule",
           "must be MEAN without robust.clip_norm with [secagg]: the aggregator "
@@ -260,6 +264,21 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
   check(c.server().upload_stall_seconds() > 0, "server.upload_stall_seconds", "must be positive");
   if (!errors.empty()) return invalid_argument("invalid federation config:" + errors);
   return ok_status();
+}
+
+Result<double> secagg_randk_ratio(const v1::FederationConfig& config) {
+  const std::string& codec = config.local().codec();
+  if (codec == "identity") return 0.0;
+  auto spec = compress::parse_codec_spec(codec);
+  if (spec.ok() && spec->kind == compress::CodecKind::kRandk &&
+      spec->values == compress::ValueCoding::kF32 && codec.find(';') == std::string::npos) {
+    return spec->ratio;
+  }
+  return invalid_argument(
+      "key 'local.codec' must be \"identity\" or \"randk:ratio=R\" with [secagg]: the masked "
+      "vectors must line up coordinate by coordinate (top-k chooses per-client coordinates, int8 "
+      "and qsgd per-client scales; random-k composes, its coordinates drawn once per round for "
+      "every client); secagg quantizes the values itself, secagg.modulus_bits bits each");
 }
 
 Status secagg_in_process_only(const v1::FederationConfig& c, std::string_view where) {

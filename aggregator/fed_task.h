@@ -24,6 +24,10 @@ Result<v1::FederationConfig> load_federation_config(const std::filesystem::path&
 // InvalidArgument listing every bad value ("SOURCE: key 'rounds.fraction' ...").
 Status validate_federation_config(const v1::FederationConfig& config, std::string_view source);
 
+// The random-k ratio local.codec asks of secure aggregation (0 for "identity"); InvalidArgument
+// naming the key for a codec that does not compose with it.
+Result<double> secagg_randk_ratio(const v1::FederationConfig& config);
+
 // [secagg] runs in `starling simulate` in process; over the network (the aggregator and client
 // processes, simulate.mode LOOPBACK) it is refused with this error rather than run in the clear.
 Status secagg_in_process_only(const v1::FederationConfig& config, std::string_view where);

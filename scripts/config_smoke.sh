@@ -349,6 +349,7 @@ run_config() {
     fed_mnist_secagg)
       # Clients drop after sharing their keys, so the unmasking of dropped clients runs too.
       kind=simulate; run_simulate "$cfg" simulate.dropout=0.2 ;;
+    fed_mnist_secagg_dp) kind=simulate; run_simulate "$cfg" simulate.dropout=0.1 ;;
     sim_mnist_emulated)
       # Late joiners arrive after round 1 instead of 20, so the two rounds see them join.
       kind=simulate; run_simulate "$cfg" simulate.late_join_rounds=1 ;;

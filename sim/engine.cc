@@ -163,6 +163,10 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
   const bool secure = cfg.secagg().enabled();
   const secagg::Quantizer quantizer = secagg_quantizer(cfg.secagg());
   const bool distributed_dp = secure && cfg.secagg().noise_multiplier() > 0;
+  double randk_ratio = 0;
+  if (secure) {
+    ASSIGN_OR_RETURN(randk_ratio, aggregator::secagg_randk_ratio(cfg));
+  }
   aggregator::SkellamAccountant accountant;
   if (distributed_dp) {
     // The noisy sum of every client must not wrap around: 10 standard deviations of the total
@@ -248,10 +252,14 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
       // Secure aggregation: the round's graph and threshold are set before training, and with
       // them each client's share of the noise.
       secagg::Params sa_params;
+      SecAggCoordinates coords;
       double client_variance = 0;
       if (secure) {
-        ASSIGN_OR_RETURN(sa_params, plan_secagg(cfg.secagg(), static_cast<uint32_t>(pick), numel),
-                         "round " + std::to_string(round));
+        coords =
+            secagg_coordinates(randk_ratio, numel, Rng(opts.seed).fork(7).fork(round).next_u64());
+        ASSIGN_OR_RETURN(
+            sa_params, plan_secagg(cfg.secagg(), static_cast<uint32_t>(pick), coords.length(numel)),
+            "round " + std::to_string(round));
         client_variance = secagg_client_variance(cfg.secagg(), sa_params);
       }
 
@@ -314,7 +322,6 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
               // The client's side of secure aggregation: clip, quantize (unbiased), keep what
               // was left out; the masking happens once the round knows who survived.
               Outcome oc;
-              oc.quantized.resize(numel);
               if (cfg.secagg().error_feedback() && residual.empty()) residual.assign(numel, 0.0f);
               if (distributed_dp) {
                 // Clip to the L2 norm the sensitivity assumes.
@@ -327,8 +334,8 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
                 }
               }
               Rng qrng = Rng(opts.seed).fork(5).fork(static_cast<uint64_t>(k)).fork(round);
-              quantizer.quantize(
-                  delta,
+              secagg_encode(
+                  quantizer, coords, delta,
                   cfg.secagg().error_feedback() ? std::span<float>(residual) : std::span<float>(),
                   qrng, oc.quantized);
               if (distributed_dp) {
@@ -340,7 +347,8 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
               RETURN_IF_ERROR(store.put(k, std::move(residual)), node);
               oc.weight = static_cast<float>(report.num_samples);
               oc.loss = report.loss;
-              const uint64_t masked = secagg::packed_size(numel, quantizer.bits) + 64;
+              const uint64_t masked =
+                  secagg::packed_size(coords.length(numel), quantizer.bits) + 64;
               oc.chunks_up = (masked + chunk_bytes - 1) / chunk_bytes;
               const double compute_s =
                   static_cast<double>(task.local_steps(k, plan)) * prof.seconds_per_step;
@@ -474,8 +482,8 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
         rec.secagg_threshold = static_cast<int>(sa->threshold);
         if (distributed_dp) {
           // The noise the round's survivors actually added (fewer survivors, less noise).
-          const auto sens =
-              secagg::rounded_sensitivity(cfg.secagg().dp_clip_norm(), quantizer.scale(), numel);
+          const auto sens = secagg::rounded_sensitivity(cfg.secagg().dp_clip_norm(),
+                                                        quantizer.scale(), coords.length(numel));
           accountant.compose(dp_rate, sens.l1, sens.l2, client_variance * sa->survivors);
           rec.dp_epsilon = accountant.spent(cfg.secagg().dp_delta()).epsilon;
         }
@@ -485,7 +493,8 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
         const double denominator = distributed_dp ? dp_rate * static_cast<double>(available)
                                                   : static_cast<double>(sa->survivors);
         const auto inv = static_cast<float>(1.0 / denominator);
-        for (size_t j = 0; j < numel; ++j) mean[j] = sa->sum[j] * inv;
+        secagg_scatter(coords, sa->sum, mean);
+        for (size_t j = 0; j < numel; ++j) mean[j] *= inv;
         optimizer.apply(res.global, mean);
         ++version;
         break;

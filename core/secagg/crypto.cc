@@ -46,6 +46,21 @@ constexpr size_t kTag = 16;
 // Keystream generated per call to EVP_EncryptUpdate.
 constexpr size_t kBlockInts = 4096;
 
+// o[i] += k[i] (or -=), mod 2^32, eight lanes at a time (GCC / Clang vector extension: SIMD
+// on every target, where -O2's cost model leaves the plain loop scalar).
+void add_stream(uint32_t* o, const uint32_t* k, size_t m, bool plus) {
+  typedef uint32_t Lanes __attribute__((vector_size(32)));
+  size_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    Lanes a, b;
+    std::memcpy(&a, o + i, sizeof a);
+    std::memcpy(&b, k + i, sizeof b);
+    a = plus ? a + b : a - b;
+    std::memcpy(o + i, &a, sizeof a);
+  }
+  for (; i < m; ++i) o[i] = plus ? o[i] + k[i] : o[i] - k[i];
+}
+
 }  // namespace
 
 Status random_bytes(std::span<uint8_t> out) {
@@ -195,11 +210,7 @@ Status apply_masks(std::span<const MaskSeed> masks, std::string_view session, st
                             static_cast<int>(m * sizeof(uint32_t))) != 1) {
         return internal_error("AES-128-CTR: the mask PRG failed");
       }
-      if (masks[s].sign > 0) {
-        for (size_t i = 0; i < m; ++i) out[i] += stream[i];
-      } else {
-        for (size_t i = 0; i < m; ++i) out[i] -= stream[i];
-      }
+      add_stream(out, stream.data(), m, masks[s].sign > 0);
     }
     // Reduce once per block: addition mod 2^32 commutes with the final mod 2^bits.
     if (mask != 0xFFFFFFFFu) {

@@ -294,7 +294,9 @@ Result<v1::SecAggMaskedInput> ClientSession::masked_input(const v1::SecAggCipher
     h.b_share = opened->substr(8 + kShareBytes, kShareBytes);
     h.ok = true;
   }
-  std::vector<uint32_t> y(input.begin(), input.end());
+  // Reused across rounds: a fresh vector of a million integers costs its page faults again.
+  thread_local std::vector<uint32_t> y;
+  y.assign(input.begin(), input.end());
   for (auto& v : y) {
     if (v & ~mask) {
       return invalid_argument("secagg: an input integer " + std::to_string(v) + " >= 2^" +
