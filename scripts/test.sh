@@ -8,7 +8,15 @@ cd "$(dirname "$0")/.."
 preset="${1:-dev}"
 shift || true
 bash scripts/deps.sh
-cmake --preset "$preset" >/dev/null
+# STARLING_DEBUG_LEVEL (e.g. g1, as CI sets it): that much debug information instead of the
+# presets' -g. Line tables (-g1) keep file:line in backtraces and sanitizer reports, and compile
+# about a third faster than full debug information (40% under ASan) on CI's 2 cores.
+extra=()
+if [[ -n "${STARLING_DEBUG_LEVEL:-}" ]]; then
+  extra+=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -${STARLING_DEBUG_LEVEL} -DNDEBUG"
+          "-DCMAKE_CXX_FLAGS_DEBUG=-${STARLING_DEBUG_LEVEL}")
+fi
+cmake --preset "$preset" ${extra[@]+"${extra[@]}"} >/dev/null
 cmake --build --preset "$preset"
 
 # Everything the suite starts inherits STARLING_TEST_SUITE, which is how the check finds what
