@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "aggregator/accumulator.h"
 #include "aggregator/monitor.h"
@@ -20,6 +21,9 @@
 #include "aggregator/upload_spill.h"
 #include "core/net/chunk_stream.h"
 #include "core/net/hello.h"
+#include "core/secagg/encode.h"
+#include "core/secagg/noise.h"
+#include "core/secagg/protocol.h"
 #include "core/util/rng.h"
 #include "edge_client/transfer.h"
 
@@ -41,6 +45,12 @@ uint64_t fnv1a(std::string_view text) {
   for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ull;
   return h;
 }
+
+// The stages of a secure aggregation round, as the monitor and the logs name them.
+constexpr const char* kSecAggStages[] = {"advertise", "share keys", "masked input", "unmask"};
+
+// The bytes a message takes on the wire: the Envelope and its frame's length prefix.
+uint64_t framed_size(const v1::Envelope& e) { return e.ByteSizeLong() + 4; }
 
 v1::Envelope error_envelope(v1::ErrorCode code, std::string message, bool retryable) {
   v1::Envelope e;
@@ -84,6 +94,26 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     // back from an upload that stops sending (options.upload_stall_timeout).
     Clock::time_point last_progress;
     std::unique_ptr<asio::steady_timer> stall_timer;
+    // Secure aggregation: this client's index in the round (-1: not in one).
+    int64_t sa_index = -1;
+  };
+
+  // The secure aggregation of the round in progress (AggregatorOptions::secagg). What it holds
+  // of the clients' updates is the ServerSession's running sum of masked vectors, nothing else:
+  // each masked vector is read from its upload, added and dropped (docs/secagg.md).
+  struct SecAggRound {
+    explicit SecAggRound(asio::io_context& io_ctx) : timer(io_ctx) {}
+    std::unique_ptr<secagg::ServerSession> server;
+    std::vector<uint64_t> session_of;  // index -> session id
+    secagg::Coordinates coords;
+    v1::SecAggEncoding encoding;
+    double client_variance = 0;      // distributed DP: each client's Skellam variance
+    int stage = 0;                   // 0 advertise, 1 share keys, 2 masked input, 3 unmask
+    std::vector<uint32_t> expected;  // who the stage waits for
+    std::set<uint32_t> answered;     // of those, who answered (or was refused)
+    asio::steady_timer timer;        // the stage timeout (stages 0, 1 and 3)
+    std::array<uint64_t, 4> bytes{};
+    int masked = 0;  // masked vectors added to the sum
   };
 
   Impl(asio::io_context& io_ctx, AggregatorOptions opts, compress::Layout lay,
@@ -98,6 +128,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
         hook(std::move(h)),
         deadline_timer(io_ctx) {
     if (options.dp.enabled()) accountant.emplace();
+    if (secagg_dp()) skellam.emplace();
   }
 
   asio::io_context& io;
@@ -108,7 +139,9 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   UpdateAccumulator accumulator;
   std::vector<float> delta;
   RoundHook hook;
-  std::optional<RdpAccountant> accountant;  // central DP only
+  std::optional<RdpAccountant> accountant;   // central DP only
+  std::optional<SkellamAccountant> skellam;  // distributed DP (secure aggregation) only
+  std::unique_ptr<SecAggRound> sa;           // the secure round in progress
   // Central DP: this round's randomness (Poisson sampling, then the noise), its sampling rate
   // and fixed denominator.
   std::optional<NoiseSource> dp_source;
@@ -151,6 +184,10 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   uint64_t dispatches = 0;
 
   bool async() const { return options.buffer_size > 0; }
+  bool secure() const { return options.secagg.enabled(); }
+  bool secagg_dp() const { return secure() && options.secagg.noise_multiplier() > 0; }
+  // Rounds draw their clients by Poisson sampling (the DP accountants assume it).
+  bool poisson() const { return accountant.has_value() || skellam.has_value(); }
 
   // options.crash_point: a real SIGKILL of this process, at the named stage of a round.
   // `in_round`: the round the stage belongs to (default: the one in progress).
@@ -180,9 +217,10 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       if (it == st->slots.end()) return data_loss("round state lacks server_opt." + name);
       *slot = std::move(it->second);
     }
-    if (accountant) {
+    if (accountant || skellam) {
       // A state written without DP (or with another order set) cannot say what was spent.
-      RETURN_IF_ERROR(accountant->restore(std::move(st->dp_rdp)),
+      RdpAccountant& a = accountant ? *accountant : *skellam;
+      RETURN_IF_ERROR(a.restore(std::move(st->dp_rdp)),
                       "resuming the DP accountant from " + options.state_dir);
     }
     global = std::move(st->global);
@@ -221,7 +259,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     if (options.monitor && was_registered) options.monitor->set_registered(registered_count());
     if (async()) {
       post_start();
-    } else if (round_active && was_outstanding) {
+    } else if (round_active && (sa || was_outstanding)) {
       check_round_end();
     }
   }
@@ -258,6 +296,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
           s.pump->resume_from(e.chunk_ack().next_index());
         }
         return;
+      case v1::Envelope::kSecagg:
+        return on_secagg(s, e);
       case v1::Envelope::kHeartbeat:
       case v1::Envelope::kAck:
         return;
@@ -332,6 +372,11 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   }
 
   void dispatch(Session& s) {
+    send_plan(s);
+    if (!secure()) send_model(s);  // secure rounds send it once the key stages closed
+  }
+
+  void send_plan(Session& s) {
     s.selected = true;
     s.submitted = false;
     reset_upload(s);
@@ -346,7 +391,11 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     p->set_codec(options.codec);
     p->set_deadline_unix_ms(unix_ms_after(options.round_deadline));
     p->set_seed(Rng(options.seed).fork(round + 1).fork(fnv1a(s.node_id)).next_u64());
+    p->set_secure_aggregation(secure());
     send(s, plan);
+  }
+
+  void send_model(Session& s) {
     if (s.pump) s.pump->cancel();
     s.pump = std::make_shared<edge_client::ChunkPump>(
         s.conn, model_payload(), next_transfer++, options.chunk_bytes,
@@ -417,7 +466,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     want = std::clamp<size_t>(want, 1, available);
     size_t pick =
         std::min(available, ceil_count(static_cast<double>(want) * (1.0 + options.over_selection)));
-    if (accountant) {
+    if (poisson()) {
       // Poisson sampling with the accountant's q over the clients that could be sampled, from
       // the DRBG (a seeded stream only in simulations that ask for it).
       dp_source =
@@ -444,7 +493,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     }
     crash_point("selecting");
     // Under DP the round waits for every client drawn (their number is random).
-    target = static_cast<int>(accountant ? pick : want);
+    target = static_cast<int>(poisson() ? pick : want);
     selected = static_cast<int>(pick);
     registered_at_start = static_cast<int>(registered_count());
     rejected = 0;
@@ -456,14 +505,20 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     round_active = true;
     started = Clock::now();
 
-    for (size_t i = 0; i < pick; ++i) dispatch(*idle[i]);
+    if (secure()) {
+      const Status planned = start_secagg(std::span<Session* const>(idle.data(), pick));
+      if (!planned.ok()) return secagg_unplanned(planned);
+    } else {
+      for (size_t i = 0; i < pick; ++i) dispatch(*idle[i]);
+    }
     if (options.monitor) options.monitor->round_started(round + 1, static_cast<int>(pick));
-    if (accountant) {
+    if (sa && options.monitor) options.monitor->secagg_stage(round + 1, 0, static_cast<int>(pick));
+    if (poisson()) {
       spdlog::info(
           "aggregator: round {} started: {} drawn by Poisson sampling at q = {:.4g} ({} "
           "available, {:.4g} expected)",
           round + 1, pick, dp_q, available, dp_expected);
-      if (pick == 0) {  // nobody drawn: the round releases noise alone, and is accounted
+      if (pick == 0 && accountant) {  // nobody drawn: the round releases noise alone, accounted
         return close_round();
       }
     } else {
@@ -475,10 +530,328 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
         [weak = weak_from_this(), r = round, a = attempt](const asio::error_code& ec) {
           auto self = weak.lock();
           if (ec || !self || !self->round_active || self->round != r || self->attempt != a) return;
+          if (self->sa) return self->secagg_deadline();
           spdlog::warn("aggregator: round {} deadline passed with {} of {} updates", r + 1,
                        self->accumulator.count(), self->target);
           self->end_partial_round();
         });
+  }
+
+  // ---- Secure aggregation (AggregatorOptions::secagg; docs/secagg.md) ----
+
+  // Plans the round's SecAgg+ over the clients chosen (in selection order: client i of the
+  // round is chosen[i]) and sends each its plan and setup; the model follows the key stages.
+  Status start_secagg(std::span<Session* const> chosen) {
+    const auto n = static_cast<uint32_t>(chosen.size());
+    const auto& cfg = options.secagg;
+    auto next = std::make_unique<SecAggRound>(io);
+    const uint64_t coordinates_seed =
+        Rng(options.seed).fork(7).fork(((round + 1) << 16) + attempt).next_u64();
+    next->coords =
+        secagg::choose_coordinates(options.secagg_randk_ratio, global.size(), coordinates_seed);
+    ASSIGN_OR_RETURN(
+        auto params,
+        secagg::plan_round(n, cfg.threshold(), cfg.degree(), cfg.modulus_bits(),
+                           next->coords.length(global.size()), cfg.dropout_tolerance()),
+        "secure aggregation of " + std::to_string(n) + " clients");
+    next->client_variance = secagg::client_noise_variance(cfg, params);
+    next->encoding = secagg::encoding_of(cfg, options.secagg_randk_ratio, coordinates_seed,
+                                         next->client_variance);
+    std::vector<std::string> names;
+    for (Session* s : chosen) {
+      names.push_back(s->node_id);
+      next->session_of.push_back(s->id);
+    }
+    ASSIGN_OR_RETURN(next->server, secagg::ServerSession::create(round + 1, params, names));
+    sa = std::move(next);
+    for (uint32_t i = 0; i < n; ++i) {
+      Session& s = *chosen[i];
+      send_plan(s);
+      s.sa_index = i;
+      v1::Envelope e;
+      *e.mutable_secagg()->mutable_setup() = sa->server->setup(i);
+      *e.mutable_secagg()->mutable_setup()->mutable_encoding() = sa->encoding;
+      send_secagg(s, 0, e);
+    }
+    spdlog::info(
+        "aggregator: round {}: secure aggregation of {} clients: degree {}, threshold {}, {} "
+        "integers of {} bits each",
+        round + 1, n, params.degree, params.threshold, params.vector_length, params.modulus_bits);
+    begin_secagg_stage(0, all_indices(n));
+    return ok_status();
+  }
+
+  static std::vector<uint32_t> all_indices(uint32_t n) {
+    std::vector<uint32_t> v(n);
+    for (uint32_t i = 0; i < n; ++i) v[i] = i;
+    return v;
+  }
+
+  // A round the threshold cannot be planned for: under distributed DP (Poisson sampling may
+  // draw too few) it is drawn again after a pause; otherwise the config cannot run, and the
+  // federation stops with the reason.
+  void secagg_unplanned(const Status& why) {
+    round_active = false;
+    for (auto& [sid, s] : sessions) {
+      s.selected = false;
+      s.sa_index = -1;
+    }
+    if (!secagg_dp()) {
+      error = why.with_context("round " + std::to_string(round + 1));
+      spdlog::error("aggregator: {}", error.to_string());
+      return finish();
+    }
+    spdlog::warn(
+        "aggregator: round {}: {} drawn, too few for secure aggregation ({}); drawing again",
+        round + 1, selected, why.message());
+    ++attempt;
+    deadline_timer.expires_after(
+        std::min<std::chrono::milliseconds>(options.round_deadline, std::chrono::seconds(1)));
+    deadline_timer.async_wait([weak = weak_from_this()](const asio::error_code& ec) {
+      if (auto self = weak.lock(); self && !ec) self->post_start();
+    });
+  }
+
+  void send_secagg(Session& s, int stage, const v1::Envelope& e) {
+    sa->bytes[static_cast<size_t>(stage)] += framed_size(e);
+    send(s, e);
+  }
+
+  Session* sa_session(uint32_t index) {
+    const auto it = sessions.find(sa->session_of[index]);
+    if (it == sessions.end() || !it->second.conn->is_open()) return nullptr;
+    return &it->second;
+  }
+
+  // Starts stage `stage`, waiting for `expected`; stages 0, 1 and 3 close at the stage timeout
+  // at the latest, stage 2 at the round deadline.
+  void begin_secagg_stage(int stage, std::vector<uint32_t> expected) {
+    sa->stage = stage;
+    sa->expected = std::move(expected);
+    sa->answered.clear();
+    sa->timer.cancel();
+    if (options.monitor && stage > 0) {  // stage 0 is reported with the round's start
+      options.monitor->secagg_stage(round + 1, stage, static_cast<int>(sa->expected.size()));
+    }
+    if (stage == 2) return;
+    sa->timer.expires_after(options.secagg_stage_timeout);
+    sa->timer.async_wait([weak = weak_from_this(), r = round, a = attempt,
+                          stage](const asio::error_code& ec) {
+      auto self = weak.lock();
+      if (ec || !self || !self->sa || self->round != r || self->attempt != a ||
+          self->sa->stage != stage) {
+        return;
+      }
+      spdlog::warn("aggregator: round {}: secure aggregation stage '{}' timed out with {} of {}",
+                   r + 1, kSecAggStages[stage], self->sa->answered.size(),
+                   self->sa->expected.size());
+      self->close_secagg_stage();
+    });
+  }
+
+  // Closes the stage once every client it waits for answered, was refused or is gone.
+  void maybe_close_secagg_stage() {
+    for (uint32_t i : sa->expected) {
+      if (!sa->answered.count(i) && sa_session(i) != nullptr) return;
+    }
+    close_secagg_stage();
+  }
+
+  void secagg_deadline() {
+    if (sa->stage >= 2) {
+      spdlog::warn("aggregator: round {} deadline passed with {} of {} masked vectors", round + 1,
+                   sa->masked, sa->expected.size());
+      if (sa->stage == 2) close_secagg_stage();
+      return;
+    }
+    abort_secagg_round(deadline_exceeded("the key stages did not finish before the deadline"));
+  }
+
+  void close_secagg_stage() {
+    switch (sa->stage) {
+      case 0: {
+        if (Status st = sa->server->close_advertise(); !st.ok()) return abort_secagg_round(st);
+        const auto advertised = sa->server->advertised();
+        for (uint32_t i : advertised) {
+          if (Session* s = sa_session(i)) {
+            v1::Envelope e;
+            *e.mutable_secagg()->mutable_keys() = sa->server->keys_for(i);
+            send_secagg(*s, 1, e);
+          }
+        }
+        crash_point("secagg-keys");
+        return begin_secagg_stage(1, advertised);
+      }
+      case 1: {
+        if (Status st = sa->server->close_share_keys(); !st.ok()) return abort_secagg_round(st);
+        const auto shared = sa->server->shared();
+        const std::set<uint32_t> in(shared.begin(), shared.end());
+        for (uint32_t i = 0; i < sa->session_of.size(); ++i) {
+          Session* s = sa_session(i);
+          if (s == nullptr) continue;
+          if (!in.count(i)) {  // out of the round: it never gets the model
+            s->selected = false;
+            s->sa_index = -1;
+            continue;
+          }
+          v1::Envelope e;
+          *e.mutable_secagg()->mutable_ciphertexts() = sa->server->ciphertexts_for(i);
+          send_secagg(*s, 2, e);
+          send_model(*s);
+        }
+        begin_secagg_stage(2, shared);
+        return maybe_close_secagg_stage();
+      }
+      case 2: {
+        auto request = sa->server->close_masked_input();
+        if (!request.ok()) return abort_secagg_round(request.status());
+        // Uploads still streaming are too late: their senders count as dropped.
+        upload_queue.clear();
+        for (auto& [sid, s] : sessions) {
+          if (s.rx) reset_upload(s);
+        }
+        v1::Envelope e;
+        *e.mutable_secagg()->mutable_unmask_request() = *request;
+        const auto survivors = sa->server->survivors();
+        for (uint32_t i : survivors) {
+          if (Session* s = sa_session(i)) send_secagg(*s, 3, e);
+        }
+        spdlog::info("aggregator: round {}: {} masked vectors summed, {} dropped; unmasking",
+                     round + 1, survivors.size(), request->dropped_size());
+        crash_point("secagg-unmask");
+        begin_secagg_stage(3, survivors);
+        return maybe_close_secagg_stage();
+      }
+      default:
+        return finish_secagg();
+    }
+  }
+
+  // Aborts the round: nothing was unmasked and the model is unchanged; the round is retried
+  // with a fresh session (new keys, new masks) for whoever is connected.
+  void abort_secagg_round(const Status& why) {
+    spdlog::warn(
+        "aggregator: round {} aborted in secure aggregation stage '{}': {}; the model is "
+        "unchanged; retrying with fresh keys",
+        round + 1, kSecAggStages[sa->stage], why.message());
+    sa->timer.cancel();
+    sa.reset();
+    if (options.monitor) options.monitor->secagg_stage(round + 1, -1, 0);
+    round_active = false;
+    ++attempt;
+    deadline_timer.cancel();
+    upload_queue.clear();
+    for (auto& [sid, s] : sessions) {
+      s.selected = false;
+      s.sa_index = -1;
+      reset_upload(s);
+    }
+    post_start();
+  }
+
+  void on_secagg(Session& s, const v1::Envelope& e) {
+    const v1::SecAggMessage& m = e.secagg();
+    if (!sa || !round_active || s.sa_index < 0) {
+      // A late answer to an aborted or closed round (its session id no longer exists).
+      spdlog::debug("aggregator: secure aggregation message from {} outside its round", s.node_id);
+      return;
+    }
+    const auto index = static_cast<uint32_t>(s.sa_index);
+    int stage = -1;
+    uint32_t claimed = 0;
+    switch (m.stage_case()) {
+      case v1::SecAggMessage::kAdvertise:
+        stage = 0;
+        claimed = m.advertise().index();
+        break;
+      case v1::SecAggMessage::kShareKeys:
+        stage = 1;
+        claimed = m.share_keys().index();
+        break;
+      case v1::SecAggMessage::kUnmaskShares:
+        stage = 3;
+        claimed = m.unmask_shares().index();
+        break;
+      default:
+        break;
+    }
+    Status st;
+    if (stage < 0) {
+      st = invalid_argument("client " + s.node_id +
+                            " sent a secure aggregation message clients do not send");
+    } else if (stage != sa->stage) {
+      st = failed_precondition("client " + s.node_id + " sent its '" + kSecAggStages[stage] +
+                               "' message in stage '" + kSecAggStages[sa->stage] + "'");
+    } else if (claimed != index) {
+      st = permission_denied("client " + s.node_id + " is client " + std::to_string(index) +
+                             " of the round, its message claims to be client " +
+                             std::to_string(claimed));
+    } else {
+      sa->bytes[static_cast<size_t>(stage)] += framed_size(e);
+      if (stage == 0) st = sa->server->receive_advertise(m.advertise());
+      if (stage == 1) st = sa->server->receive_share_keys(m.share_keys());
+      if (stage == 3) st = sa->server->receive_unmask_shares(m.unmask_shares());
+    }
+    if (!st.ok()) {
+      ++rejected;
+      if (options.monitor) options.monitor->update_rejected();
+      spdlog::warn("aggregator: round {}: secure aggregation: refused: {}", round + 1,
+                   st.to_string());
+      send(s, error_envelope(v1::ERROR_CODE_BAD_REQUEST, st.message(), false));
+    }
+    if (stage == sa->stage) {
+      sa->answered.insert(index);
+      maybe_close_secagg_stage();
+    }
+  }
+
+  // A complete upload of a secure round: a masked vector, added to the running sum and
+  // dropped. Returns false when it was refused (reject_update has run).
+  bool fold_masked(Session& s, std::string payload) {
+    v1::SecAggMaskedInput m;
+    Status st;
+    if (s.upload.transfer().content_type() != edge_client::kSecAggMaskedContentType) {
+      st = invalid_argument("a secure aggregation round takes masked vectors ('" +
+                            std::string(edge_client::kSecAggMaskedContentType) + "'), not '" +
+                            s.upload.transfer().content_type() + "'");
+    } else if (!m.ParseFromString(payload)) {
+      st = data_loss("malformed masked vector");
+    } else if (m.index() != static_cast<uint64_t>(s.sa_index)) {
+      st = permission_denied("client " + s.node_id + " is client " + std::to_string(s.sa_index) +
+                             " of the round, its masked vector claims to be client " +
+                             std::to_string(m.index()));
+    } else {
+      st = sa->server->receive_masked_input(m);
+    }
+    sa->answered.insert(static_cast<uint32_t>(s.sa_index));
+    sa->bytes[2] += s.upload.transfer().total_bytes();
+    if (!st.ok()) {
+      reject_update(s, st);
+      return false;
+    }
+    if (sa->masked++ == 0) crash_point("secagg-masked");
+    return true;
+  }
+
+  // Unmasks the sum, and steps the model with the survivors' mean (distributed DP: the sum
+  // over the expected number of clients, and the accountant charges the round).
+  void finish_secagg() {
+    auto sum = sa->server->finish();
+    if (!sum.ok()) return abort_secagg_round(sum.status());
+    const secagg::Quantizer q = secagg::quantizer_of(options.secagg);
+    std::vector<float> summed(sum->size());
+    q.dequantize_sum(*sum, summed);
+    secagg::scatter(sa->coords, summed, delta);
+    const auto survivors = static_cast<double>(sa->server->survivors().size());
+    const double denominator = skellam ? std::max(dp_expected, 1e-12) : survivors;
+    const auto inv = static_cast<float>(1.0 / denominator);
+    for (float& v : delta) v *= inv;
+    if (skellam) {
+      const auto sens = secagg::rounded_sensitivity(options.secagg.dp_clip_norm(), q.scale(),
+                                                    sa->coords.length(global.size()));
+      skellam->compose(dp_q, sens.l1, sens.l2, sa->client_variance * survivors);
+    }
+    close_round();
   }
 
   void reset_upload(Session& s) {
@@ -559,6 +932,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   }
 
   void reject_update(Session& s, const Status& why) {
+    if (sa && s.sa_index >= 0 && sa->stage == 2)
+      sa->answered.insert(static_cast<uint32_t>(s.sa_index));
     ++rejected;
     if (options.monitor) options.monitor->update_rejected();
     s.submitted = true;
@@ -577,6 +952,16 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
                              "round " + std::to_string(u.round()) + " is closed", true));
       return;
     }
+    if (sa && (sa->stage != 2 || s.sa_index < 0)) {
+      // A masked vector is taken only in the masked-input stage, from the clients that shared.
+      send(s, error_envelope(v1::ERROR_CODE_ROUND_CLOSED,
+                             "round " + std::to_string(u.round()) +
+                                 " takes no upload from this client now (secure aggregation "
+                                 "stage '" +
+                                 kSecAggStages[sa->stage] + "')",
+                             true));
+      return;
+    }
     if (s.submitted || s.rx) return reject_update(s, invalid_argument("second upload in a round"));
     if (u.base_version() != s.base_version) {
       return reject_update(
@@ -584,7 +969,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
                               ", sent " + std::to_string(s.base_version)));
     }
     // DP-FedAvg bounds each client's influence: every clipped update counts once.
-    s.weight = options.dp.enabled() ? 1.0f : static_cast<float>(u.num_samples());
+    s.weight = options.dp.enabled() || sa ? 1.0f : static_cast<float>(u.num_samples());
     if (async()) {
       // Refused early when already too stale; the weight is set when it is folded.
       if (const Status st = check_staleness(s); !st.ok()) return reject_update(s, st);
@@ -663,7 +1048,11 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       payload = std::move(*bytes);
     }
     reset_upload(s);
-    if (async()) {
+    if (sa) {
+      // A masked vector, read whole from memory or its spill file (it is masked either way).
+      spill.reset();
+      if (!fold_masked(s, std::move(payload))) return;
+    } else if (async()) {
       // FedBuff's staleness is counted when the update is applied: server steps taken since
       // its model was sent, including those taken while it was uploading.
       st = check_staleness(s);
@@ -671,7 +1060,9 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       s.staleness = version - s.base_version;
       s.weight = fedbuff_staleness_weight(s.staleness);
     }
-    if (spill && stream) {
+    if (sa) {
+      // added to the secure sum above
+    } else if (spill && stream) {
       st = accumulator.fold_stream(
           [file = spill.get()](uint64_t offset, std::span<char> out) {
             return file->read_at(offset, out);
@@ -684,7 +1075,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     }
     spill.reset();
     if (!st.ok()) return reject_update(s, st);
-    crash_point("folding");
+    if (!sa) crash_point("folding");
     s.submitted = true;
     if (async()) {
       s.selected = false;
@@ -704,6 +1095,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
 
   void check_round_end() {
     if (!round_active) return;
+    if (sa) return maybe_close_secagg_stage();
     if (accumulator.count() >= target) return close_round();
     if (async()) return post_start();
     const bool outstanding = std::any_of(sessions.begin(), sessions.end(), [](const auto& p) {
@@ -751,7 +1143,27 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     report.registered = registered_at_start;
     report.most_uploads_streaming = static_cast<int>(most_streaming);
 
-    if (accountant) {
+    if (sa) {
+      // finish_secagg() has set delta from the unmasked sum.
+      sa->timer.cancel();
+      const auto survivors = static_cast<int>(sa->server->survivors().size());
+      report.updates = survivors;
+      report.total_weight = survivors;
+      report.mean_train_loss = survivors > 0 ? loss_sum / survivors : 0.0;
+      report.clipped = 0;
+      report.secagg_survivors = survivors;
+      report.secagg_dropped = static_cast<int>(sa->server->shared().size()) - survivors;
+      report.secagg_degree = static_cast<int>(sa->server->params().degree);
+      report.secagg_threshold = static_cast<int>(sa->server->params().threshold);
+      report.secagg_stage_bytes = sa->bytes;
+      if (skellam) {
+        report.dp_sampling_rate = dp_q;
+        report.dp_expected_updates = dp_expected;
+        report.dp_epsilon = skellam->spent(options.secagg.dp_delta()).epsilon;
+      }
+      for (auto& [sid, s] : sessions) s.sa_index = -1;
+      sa.reset();  // the unmasked sum is in delta; the session's buffers go
+    } else if (accountant) {
       // Fixed denominator: the expected number of updates, so that one client's influence on
       // the mean is at most clip_norm / expected whatever the others sent.
       const double expected = std::max(dp_expected, 1e-12);
@@ -795,6 +1207,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       st.global = global;
       for (auto& [name, slot] : optimizer.slots()) st.slots.emplace_back(name, *slot);
       if (accountant) st.dp_rdp.assign(accountant->rdp().begin(), accountant->rdp().end());
+      if (skellam) st.dp_rdp.assign(skellam->rdp().begin(), skellam->rdp().end());
       const Status saved = save_round_state(options.state_dir, layout, st,
                                             [this] { crash_point("writing", round); });
       crash_point("closed", round);
@@ -815,6 +1228,18 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
           report.round, report.clipped, report.updates, options.dp.clip_norm, report.dp_noise_std,
           options.dp.noise_multiplier, report.dp_expected_updates, report.dp_sampling_rate,
           report.dp_epsilon, options.dp.delta);
+    }
+    if (report.secagg_degree > 0) {
+      spdlog::info(
+          "aggregator: round {}: secure aggregation: {} survivors, {} dropped (degree {}, "
+          "threshold {}); bytes advertise {}, share keys {}, masked input {}, unmask {}{}",
+          report.round, report.secagg_survivors, report.secagg_dropped, report.secagg_degree,
+          report.secagg_threshold, report.secagg_stage_bytes[0], report.secagg_stage_bytes[1],
+          report.secagg_stage_bytes[2], report.secagg_stage_bytes[3],
+          skellam
+              ? fmt::format("; distributed DP: q {:.4g}, epsilon {:.4f} at delta {:g}",
+                            report.dp_sampling_rate, report.dp_epsilon, options.secagg.dp_delta())
+              : "");
     }
     if (options.monitor) options.monitor->round_closed(report);
     if (async()) {  // the buffer restarts; clients in flight keep training
@@ -896,6 +1321,17 @@ Result<std::unique_ptr<Aggregator>> Aggregator::create(asio::io_context& io,
     }
     options.rule.clip_norm = options.dp.clip_norm;
   }
+  if (options.secagg.enabled()) {
+    if (options.rule.rule != RobustRule::kMean || options.rule.clip_norm > 0 ||
+        options.buffer_size > 0 || options.dp.enabled()) {
+      return invalid_argument(
+          "aggregator: secure aggregation needs the MEAN rule without clipping, synchronous "
+          "rounds (buffer_size 0) and no central DP: the aggregator sees only the sum");
+    }
+    if (options.secagg_stage_timeout.count() <= 0) {
+      return invalid_argument("aggregator: secagg_stage_timeout must be positive");
+    }
+  }
   if (numel != static_cast<int64_t>(initial.size())) {
     return invalid_argument("aggregator: initial model has " + std::to_string(initial.size()) +
                             " values, layout " + std::to_string(numel));
@@ -926,6 +1362,7 @@ Aggregator::~Aggregator() {
   if (!impl_) return;
   impl_->server->stop();
   impl_->deadline_timer.cancel();
+  if (impl_->sa) impl_->sa->timer.cancel();
   auto sessions = std::move(impl_->sessions);
   impl_->sessions.clear();
   for (auto& [id, s] : sessions) s.conn->abort(unavailable("aggregator stopped"));

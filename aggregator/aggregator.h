@@ -4,6 +4,7 @@
 // crash-safe checkpoint after every round; a restart from the same state_dir resumes.
 #pragma once
 
+#include <array>
 #include <asio/io_context.hpp>
 #include <asio/ssl/context.hpp>
 #include <chrono>
@@ -21,6 +22,7 @@
 #include "core/compress/codec.h"
 #include "core/net/server.h"
 #include "core/util/status.h"
+#include "core/wire/federation.pb.h"
 
 namespace starling::aggregator {
 
@@ -65,6 +67,8 @@ struct AggregatorOptions {
   // Fault injection for crash tests: "STAGE@ROUND" makes the process SIGKILL itself at that
   // stage of that (1-based) round: selecting (clients chosen, no plan sent), collecting (the
   // round's first upload chunk received), folding (an update folded, the round still open),
+  // with secure aggregation secagg-keys (keys sent), secagg-masked (a masked vector added to
+  // the sum), secagg-unmask (the unmask request sent, shares arriving),
   // stepped (the global model stepped, nothing written), writing (the global model file written,
   // the round state not), closed (the round state written, the round hook not run). Empty:
   // none. `starling aggregator` reads it from $STARLING_CRASH_POINT.
@@ -74,6 +78,20 @@ struct AggregatorOptions {
   bool simulation = false;
   // Prometheus metrics and status page (monitor.h); null: none. Must run on the same io_context.
   std::shared_ptr<Monitor> monitor;
+  // Secure aggregation (SecAgg+, docs/secagg.md) when secagg.enabled(). Each synchronous round
+  // runs four stages with the clients selected: advertise keys, share keys (both before the
+  // model goes out), masked input (the client's update, clipped, quantized and masked, uploaded
+  // as chunks) and unmask. The aggregator holds one running sum of masked vectors and never an
+  // update in the clear; the round's delta is the unmasked sum over the survivors divided by
+  // their number (or, with secagg.noise_multiplier, by the expected number, q * available,
+  // after Poisson sampling: distributed DP, accounted for as Skellam noise). A round whose
+  // survivors fall below the threshold aborts, the model unchanged, and is retried.
+  // REQUIRES: rule.rule == kMean without clip_norm, buffer_size == 0, no central dp.
+  v1::FedSecAggConfig secagg;
+  double secagg_randk_ratio = 0;  // local.codec "randk:ratio=R": the masked coordinates
+  // How long the key stages and the unmask stage wait for the clients that have not answered;
+  // the masked-input stage ends at the round deadline.
+  std::chrono::milliseconds secagg_stage_timeout{10'000};
   // What the round plan asks of clients.
   uint32_t local_steps = 0;
   uint32_t batch_size = 10;
@@ -138,6 +156,15 @@ struct RoundReport {
   double mean_staleness = 0.0;     // FedBuff: of the updates folded this round
   uint64_t max_staleness = 0;      // FedBuff
   int most_uploads_streaming = 0;  // uploads granted a turn at the same time, at most
+  // Secure aggregation (zeros without): clients whose masked vector is in the sum, clients
+  // that shared their keys and sent none (their masks were removed), the graph's degree, the
+  // threshold, and the framed bytes of each stage, both directions (advertise, share keys,
+  // masked input, unmask).
+  int secagg_survivors = 0;
+  int secagg_dropped = 0;
+  int secagg_degree = 0;
+  int secagg_threshold = 0;
+  std::array<uint64_t, 4> secagg_stage_bytes{};
 };
 
 // Not thread-safe: every call and handler runs on the io_context thread. Destroying it aborts

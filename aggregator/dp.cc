@@ -264,7 +264,7 @@ std::vector<double> integer_rdp_orders() {
   return o;
 }
 
-SkellamAccountant::SkellamAccountant() : orders_(integer_rdp_orders()), rdp_(orders_.size(), 0) {}
+SkellamAccountant::SkellamAccountant() : RdpAccountant(integer_rdp_orders()) {}
 
 void SkellamAccountant::compose(double q, double l1, double l2, double variance) {
   auto eps = [&](int order) { return rdp_skellam(order, l1, l2, variance); };

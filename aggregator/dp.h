@@ -96,7 +96,7 @@ class RdpAccountant {
   // one finite-or-infinite non-negative value per order.
   Status restore(std::vector<double> rdp);
 
- private:
+ protected:
   std::vector<double> orders_;
   std::vector<double> rdp_;
 };
@@ -117,16 +117,12 @@ double rdp_poisson_subsampled(int order, double q, const std::function<double(in
 // The integer orders tracked for the Skellam mechanism: 2, 3, ..., 128, 256.
 std::vector<double> integer_rdp_orders();
 
-// Composition of Poisson-subsampled Skellam rounds. Not thread-safe.
-class SkellamAccountant {
+// Composition of Poisson-subsampled Skellam rounds, at integer_rdp_orders(); rdp(), restore()
+// and spent() as RdpAccountant's. Not thread-safe.
+class SkellamAccountant : public RdpAccountant {
  public:
   SkellamAccountant();
   void compose(double q, double l1, double l2, double variance);
-  PrivacySpent spent(double delta) const { return epsilon_from_rdp(orders_, rdp_, delta); }
-
- private:
-  std::vector<double> orders_;
-  std::vector<double> rdp_;
 };
 
 // The accumulated RDP as text ("%a" hex floats, comma-separated, "inf" allowed) for the

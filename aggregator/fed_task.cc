@@ -238,6 +238,7 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
     check(sa.clip_range() > 0 && std::isfinite(sa.clip_range()), "secagg.clip_range",
           "must be positive");
     check(sa.quantization_levels() >= 2, "secagg.quantization_levels", "must be >= 2");
+    check(sa.stage_timeout_ms() > 0, "secagg.stage_timeout_ms", "must be positive");
     check(sa.noise_multiplier() >= 0 && std::isfinite(sa.noise_multiplier()),
           "secagg.noise_multiplier", "must be >= 0 (0: no distributed DP)");
     if (sa.noise_multiplier() > 0) {
@@ -279,15 +280,6 @@ Result<double> secagg_randk_ratio(const v1::FederationConfig& config) {
       "vectors must line up coordinate by coordinate (top-k chooses per-client coordinates, int8 "
       "and qsgd per-client scales; random-k composes, its coordinates drawn once per round for "
       "every client); secagg quantizes the values itself, secagg.modulus_bits bits each");
-}
-
-Status secagg_in_process_only(const v1::FederationConfig& c, std::string_view where) {
-  if (!c.secagg().enabled()) return ok_status();
-  return failed_precondition(
-      std::string(where) +
-      ": secagg.enabled: secure aggregation over the network is not available yet; run it with "
-      "`starling simulate` (simulate.mode \"IN_PROCESS\"), or set secagg.enabled = false to "
-      "aggregate updates in the clear");
 }
 
 StrategyOptions strategy_options(const v1::FederationConfig& c) {
@@ -369,6 +361,12 @@ AggregatorOptions aggregator_options(const v1::FederationConfig& c) {
   o.dp.simulation_seed = c.dp().simulation_seed();
   o.rule.trim_fraction = c.robust().trim_fraction();
   o.rule.clip_norm = c.robust().clip_norm();
+  if (c.secagg().enabled()) {
+    o.secagg = c.secagg();
+    const auto ratio = secagg_randk_ratio(c);  // validated with the config
+    o.secagg_randk_ratio = ratio.ok() ? *ratio : 0.0;
+    o.secagg_stage_timeout = std::chrono::milliseconds(c.secagg().stage_timeout_ms());
+  }
   return o;
 }
 

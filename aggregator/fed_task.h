@@ -28,10 +28,6 @@ Status validate_federation_config(const v1::FederationConfig& config, std::strin
 // naming the key for a codec that does not compose with it.
 Result<double> secagg_randk_ratio(const v1::FederationConfig& config);
 
-// [secagg] runs in `starling simulate` in process; over the network (the aggregator and client
-// processes, simulate.mode LOOPBACK) it is refused with this error rather than run in the clear.
-Status secagg_in_process_only(const v1::FederationConfig& config, std::string_view where);
-
 AggregatorOptions aggregator_options(const v1::FederationConfig& config);
 edge_client::MnistTrainerOptions trainer_options(const v1::FederationConfig& config);
 StrategyOptions strategy_options(const v1::FederationConfig& config);

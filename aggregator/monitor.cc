@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <asio/ip/tcp.hpp>
 #include <asio/read_until.hpp>
 #include <asio/steady_timer.hpp>
@@ -34,6 +35,9 @@ constexpr size_t kMaxRequestHead = 8 * 1024;
 constexpr auto kConnectionDeadline = std::chrono::seconds(5);
 constexpr size_t kMaxHistory = 100'000;  // rounds kept for the page; older ones are dropped
 constexpr size_t kMaxChartPoints = 400;
+// Secure aggregation's stages, in order: the `stage` label and the names on the page and in JSON.
+constexpr std::array<const char*, 4> kSecAggStages = {"advertise", "share_keys", "masked_input",
+                                                      "unmask"};
 
 struct RoundPoint {
   uint64_t round = 0;
@@ -45,6 +49,11 @@ struct RoundPoint {
   double dp_epsilon = 0.0;
   std::optional<double> eval_loss;
   std::optional<double> eval_accuracy;
+  int secagg_survivors = 0;
+  int secagg_dropped = 0;
+  int secagg_degree = 0;  // 0: not a secure round
+  int secagg_threshold = 0;
+  std::array<uint64_t, 4> secagg_stage_bytes{};
 };
 
 std::string html_escape(const std::string& s) {
@@ -181,6 +190,29 @@ struct Monitor::Impl {
         &counter("starling_client_round_failures_total",
                  "Rounds a client reported lost to its own training (trainer crashed, timed out, "
                  "returned bad tensors)");
+    secagg_stage_gauge = &gauge("starling_secagg_stage",
+                                "Secure aggregation stage in progress (0 advertise keys, 1 share "
+                                "keys, 2 masked input, 3 unmask); -1: none");
+    secagg_stage_clients =
+        &gauge("starling_secagg_stage_clients",
+               "Clients expected to answer in the secure aggregation stage in progress");
+    secagg_survivors = &counter("starling_secagg_survivors_total",
+                                "Clients whose masked vector is in a secure round's sum");
+    secagg_dropped =
+        &counter("starling_secagg_dropped_total",
+                 "Clients that shared their keys in a secure round and sent no masked vector");
+    auto& secagg_bytes_family = prometheus::BuildCounter()
+                                    .Name("starling_secagg_bytes_total")
+                                    .Help("Framed bytes of secure aggregation by stage, both ways")
+                                    .Register(*registry);
+    for (size_t i = 0; i < kSecAggStages.size(); ++i) {
+      secagg_bytes[i] = &secagg_bytes_family.Add({{"stage", kSecAggStages[i]}});
+    }
+    secagg_threshold = &gauge("starling_secagg_threshold",
+                              "Secure aggregation threshold of the last secure round");
+    secagg_degree = &gauge("starling_secagg_degree",
+                           "Secure aggregation graph degree of the last secure round");
+    secagg_stage_gauge->Set(-1);
     round_hist = &prometheus::BuildHistogram()
                       .Name("starling_round_duration_seconds")
                       .Help("Round durations")
@@ -209,6 +241,13 @@ struct Monitor::Impl {
   prometheus::Counter* handshakes_refused;
   prometheus::Counter* client_round_failures;
   prometheus::Histogram* round_hist;
+  prometheus::Gauge* secagg_stage_gauge;
+  prometheus::Gauge* secagg_stage_clients;
+  prometheus::Counter* secagg_survivors;
+  prometheus::Counter* secagg_dropped;
+  std::array<prometheus::Counter*, 4> secagg_bytes{};
+  prometheus::Gauge* secagg_threshold;
+  prometheus::Gauge* secagg_degree;
   // The latest refusals, newest last: "who: why".
   std::deque<std::string> refused;
   void remember_refusal(std::string text) {
@@ -223,6 +262,16 @@ struct Monitor::Impl {
   size_t registered = 0;
   int selected = 0;
   uint64_t total_bytes = 0;
+  // The secure aggregation stage in progress (-1: none), its round and expected clients.
+  int secagg_stage = -1;
+  uint64_t secagg_round = 0;
+  int secagg_clients = 0;
+  void end_secagg_stage() {
+    secagg_stage = -1;
+    secagg_clients = 0;
+    secagg_stage_gauge->Set(-1);
+    secagg_stage_clients->Set(0);
+  }
   bool stopped = false;
   std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
 
@@ -366,6 +415,20 @@ void Monitor::round_started(uint64_t round, int selected) {
   impl_->selected = selected;
   impl_->round_gauge->Set(static_cast<double>(round));
   impl_->clients_selected->Set(selected);
+  // A stage left over from an aborted round; the aggregator may also report this round's first
+  // stage before round_started, which stays.
+  if (impl_->secagg_stage >= 0 && impl_->secagg_round != round) impl_->end_secagg_stage();
+}
+
+void Monitor::secagg_stage(uint64_t round, int stage, int clients) {
+  if (stage < 0 || stage >= static_cast<int>(kSecAggStages.size())) {
+    return impl_->end_secagg_stage();
+  }
+  impl_->secagg_stage = stage;
+  impl_->secagg_round = round;
+  impl_->secagg_clients = clients;
+  impl_->secagg_stage_gauge->Set(stage);
+  impl_->secagg_stage_clients->Set(clients);
 }
 
 void Monitor::bytes_received(uint64_t bytes) {
@@ -403,6 +466,21 @@ void Monitor::round_closed(const RoundReport& r) {
   p.seconds = r.seconds;
   p.train_loss = r.mean_train_loss;
   p.dp_epsilon = r.dp_epsilon;
+  impl_->end_secagg_stage();
+  if (r.secagg_degree > 0) {
+    impl_->secagg_survivors->Increment(r.secagg_survivors);
+    impl_->secagg_dropped->Increment(r.secagg_dropped);
+    for (size_t i = 0; i < kSecAggStages.size(); ++i) {
+      impl_->secagg_bytes[i]->Increment(static_cast<double>(r.secagg_stage_bytes[i]));
+    }
+    impl_->secagg_threshold->Set(r.secagg_threshold);
+    impl_->secagg_degree->Set(r.secagg_degree);
+    p.secagg_survivors = r.secagg_survivors;
+    p.secagg_dropped = r.secagg_dropped;
+    p.secagg_degree = r.secagg_degree;
+    p.secagg_threshold = r.secagg_threshold;
+    p.secagg_stage_bytes = r.secagg_stage_bytes;
+  }
   impl_->history.push_back(p);
   if (impl_->history.size() > kMaxHistory) impl_->history.pop_front();
 }
@@ -432,8 +510,17 @@ std::string Monitor::status_json() const {
                         {"dp_epsilon", p.dp_epsilon}};
     if (p.eval_loss) j["test_loss"] = *p.eval_loss;
     if (p.eval_accuracy) j["test_accuracy"] = *p.eval_accuracy;
+    if (p.secagg_degree > 0) {
+      j["secagg_survivors"] = p.secagg_survivors;
+      j["secagg_dropped"] = p.secagg_dropped;
+      j["secagg_degree"] = p.secagg_degree;
+      j["secagg_threshold"] = p.secagg_threshold;
+      j["secagg_stage_bytes"] = p.secagg_stage_bytes;
+    }
     rounds.push_back(std::move(j));
   }
+  nlohmann::json stage_name = nullptr;
+  if (impl_->secagg_stage >= 0) stage_name = kSecAggStages[impl_->secagg_stage];
   return nlohmann::json{{"title", impl_->title},
                         {"round", impl_->current_round},
                         {"clients_registered", impl_->registered},
@@ -441,6 +528,8 @@ std::string Monitor::status_json() const {
                         {"bytes_received", impl_->total_bytes},
                         {"refused", impl_->refused},
                         {"client_round_failures", impl_->client_failures},
+                        {"secagg_stage", std::move(stage_name)},
+                        {"secagg_stage_clients", impl_->secagg_clients},
                         {"rounds", std::move(rounds)}}
       .dump();
 }
@@ -476,7 +565,12 @@ std::string Monitor::status_html() const {
       html_escape(impl_->title) +
       "</title><style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
       "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style></head><body><h1>" +
-      html_escape(impl_->title) + "</h1><table>";
+      html_escape(impl_->title) + "</h1>";
+  if (impl_->secagg_stage >= 0) {
+    html += "<p>secure aggregation: stage " + std::string(kSecAggStages[impl_->secagg_stage]) +
+            " (" + std::to_string(impl_->secagg_clients) + " clients)</p>";
+  }
+  html += "<table>";
   auto row = [&](const std::string& k, const std::string& v) {
     html += "<tr><th>" + k + "</th><td>" + html_escape(v) + "</td></tr>";
   };
@@ -500,6 +594,12 @@ std::string Monitor::status_html() const {
     if (h.back().dp_epsilon > 0) {
       std::snprintf(buf, sizeof(buf), "%.4f", h.back().dp_epsilon);
       row("DP epsilon spent", buf);
+    }
+    if (h.back().secagg_degree > 0) {
+      std::snprintf(buf, sizeof(buf), "%d survivors, %d dropped (threshold %d, degree %d)",
+                    h.back().secagg_survivors, h.back().secagg_dropped, h.back().secagg_threshold,
+                    h.back().secagg_degree);
+      row("secure aggregation (last round)", buf);
     }
   }
   for (auto it = h.rbegin(); it != h.rend(); ++it) {

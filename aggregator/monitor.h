@@ -42,6 +42,11 @@ class Monitor : public std::enable_shared_from_this<Monitor> {
   void update_folded();
   void update_rejected();
   void round_closed(const RoundReport& report);
+  // Secure aggregation: the round's stage began (0 advertise keys, 1 share keys, 2 masked
+  // input, 3 unmask) with `clients` clients expected to answer in it. Stage -1 (or any other
+  // outside 0..3): none in progress, as after an aborted round. round_closed ends the stage; so
+  // does round_started for another round.
+  void secagg_stage(uint64_t round, int stage, int clients);
   // A client refused by the access policy (allow-list, revocation), or a handshake the TLS
   // layer refused (`who` is then the error, which names the certificate's CN where known).
   void identity_refused(const std::string& who, const std::string& why);

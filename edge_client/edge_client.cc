@@ -11,6 +11,8 @@
 
 #include "core/net/chunk_stream.h"
 #include "core/net/hello.h"
+#include "core/secagg/encode.h"
+#include "core/secagg/protocol.h"
 #include "edge_client/client_state.h"
 #include "edge_client/transfer.h"
 
@@ -73,6 +75,14 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
   std::chrono::steady_clock::time_point plan_at{};
   double upload_train_seconds = 0.0;
   EdgeClient::RoundTimes times;
+  // Secure aggregation (docs/secagg.md): the round's client session, the encoding the
+  // aggregator asked for, the neighbours' sealed shares (stage 2), and the error-feedback
+  // residual kept across rounds.
+  std::unique_ptr<secagg::ClientSession> sa;
+  v1::SecAggEncoding sa_encoding;
+  std::optional<v1::SecAggCiphertexts> sa_ciphertexts;
+  std::vector<float> sa_residual;
+  int sa_refusals = 0;
 
   // Restores the state file, if any. False (and stopped) when it cannot be used.
   bool load_state() {
@@ -87,12 +97,17 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     }
     state = std::move(*r);
     rounds = static_cast<int>(state.rounds_trained);
+    if (auto it = state.codec_state.find(std::string(kSecAggStateKey));
+        it != state.codec_state.end()) {
+      sa_residual = it->second;
+    }
     spdlog::info("client {}: resumed from {} ({} rounds trained, last round {})", options.node_id,
                  options.state_path, state.rounds_trained, state.last_round);
     return true;
   }
 
   void save_state() {
+    if (!sa_residual.empty()) state.codec_state[std::string(kSecAggStateKey)] = sa_residual;
     state.rounds_trained = static_cast<uint64_t>(rounds);
     state.last_round = upload_round;
     auto it = codecs.find(upload_spec);
@@ -213,6 +228,8 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
 
   void on_close(const Status& st) {
     conn.reset();
+    sa.reset();  // the aggregator lost us for this round: its session ends with the connection
+    sa_ciphertexts.reset();
     rx.reset();
     plan.reset();
     if (pump) pump->cancel();
@@ -243,6 +260,14 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
         plan = e.round_plan();
         plan_at = std::chrono::steady_clock::now();
         rx.reset();
+        sa.reset();
+        sa_ciphertexts.reset();
+        if (options.require_secure_aggregation && !plan->secure_aggregation()) {
+          return fail(permission_denied(
+              "round " + std::to_string(plan->round()) +
+              ": the aggregator asks for the update in the clear, and this client takes part "
+              "only in secure aggregation ([secagg] enabled in its config)"));
+        }
         if (!condition_allows() && !stopped) decline(last_refusal);
         return;
       case v1::Envelope::kModelDownload:
@@ -270,9 +295,85 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
         return;
       case v1::Envelope::kError:
         return on_error(e.error());
+      case v1::Envelope::kSecagg:
+        return on_secagg(e.secagg());
       default:
         return;
     }
+  }
+
+  void send_secagg(v1::SecAggMessage m) {
+    v1::Envelope e;
+    *e.mutable_secagg() = std::move(m);
+    (void)conn->send(e);
+  }
+
+  // An honest client's refusal (core/secagg/protocol.h): it leaves the round's protocol.
+  void refuse_secagg(const Status& why) {
+    ++sa_refusals;
+    spdlog::warn("client {}: secure aggregation: refused: {}", options.node_id, why.to_string());
+    sa.reset();
+    sa_ciphertexts.reset();
+  }
+
+  void on_secagg(const v1::SecAggMessage& m) {
+    switch (m.stage_case()) {
+      case v1::SecAggMessage::kSetup: {
+        if (!plan || !plan->secure_aggregation() || m.setup().round() != plan->round()) {
+          return refuse_secagg(failed_precondition("a setup without a matching round plan"));
+        }
+        auto session = secagg::ClientSession::create(plan->round(), m.setup());
+        if (!session.ok()) return refuse_secagg(session.status());
+        sa = std::move(*session);
+        sa_encoding = m.setup().encoding();
+        sa_ciphertexts.reset();
+        v1::SecAggMessage out;
+        *out.mutable_advertise() = sa->advertise();
+        return send_secagg(std::move(out));
+      }
+      case v1::SecAggMessage::kKeys: {
+        if (!sa) return;
+        auto shares = sa->share_keys(m.keys());
+        if (!shares.ok()) return refuse_secagg(shares.status());
+        v1::SecAggMessage out;
+        *out.mutable_share_keys() = std::move(*shares);
+        return send_secagg(std::move(out));
+      }
+      case v1::SecAggMessage::kCiphertexts:
+        if (sa) sa_ciphertexts = m.ciphertexts();
+        return;
+      case v1::SecAggMessage::kUnmaskRequest: {
+        if (!sa) return;
+        auto shares = sa->unmask(m.unmask_request());
+        if (!shares.ok()) return refuse_secagg(shares.status());
+        v1::SecAggMessage out;
+        *out.mutable_unmask_shares() = std::move(*shares);
+        sa.reset();  // done with the round: its keys and seed go
+        return send_secagg(std::move(out));
+      }
+      default:
+        spdlog::warn("client {}: unexpected secure aggregation message", options.node_id);
+    }
+  }
+
+  // The masked vector of a secure round (docs/secagg.md): the update clipped, quantized on the
+  // round's coordinates with error feedback, noised (distributed DP) and masked; serialized
+  // for the upload. The update itself never leaves the client.
+  Result<std::string> masked_update(const v1::RoundPlan& p) {
+    if (!sa || !sa_ciphertexts) {
+      return failed_precondition("round " + std::to_string(p.round()) +
+                                 " runs secure aggregation and this client holds no session "
+                                 "for it (it refused or missed the key stages)");
+    }
+    Rng rng = Rng(options.seed).fork(5).fork(p.seed());
+    std::vector<uint32_t> quantized;
+    RETURN_IF_ERROR(
+        secagg::encode_update(sa_encoding, sa->params(), delta, sa_residual, rng, quantized),
+        "secure aggregation of round " + std::to_string(p.round()));
+    ASSIGN_OR_RETURN(auto masked, sa->masked_input(*sa_ciphertexts, quantized),
+                     "secure aggregation of round " + std::to_string(p.round()));
+    sa_ciphertexts.reset();
+    return masked.SerializeAsString();
   }
 
   void on_error(const v1::Error& err) {
@@ -365,22 +466,38 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     }
     if (auto pk = edge_client::peak_rss_bytes(); pk.ok()) peak_rss = *pk;
     if (!conn) return;  // the connection dropped while training
-    auto codec = codec_for(p.codec());
-    if (!codec.ok()) return fail(codec.status());
     if (pump) pump->cancel();
     pump.reset();
-    if (encoded.use_count() > 1) encoded = std::make_shared<compress::EncodedUpdate>();
-    st = (*codec)->encode_into(delta, *encoded);
-    if (!st.ok()) return fail(st.with_context("encoding the update"));
+    std::shared_ptr<const std::string> masked;
+    if (p.secure_aggregation()) {
+      auto bytes = masked_update(p);
+      if (!bytes.ok()) {
+        std::vector<float>().swap(global);
+        std::vector<float>().swap(delta);
+        return refuse_secagg(bytes.status());
+      }
+      masked = std::make_shared<const std::string>(std::move(*bytes));
+    } else {
+      auto codec = codec_for(p.codec());
+      if (!codec.ok()) return fail(codec.status());
+      if (encoded.use_count() > 1) encoded = std::make_shared<compress::EncodedUpdate>();
+      st = (*codec)->encode_into(delta, *encoded);
+      if (!st.ok()) return fail(st.with_context("encoding the update"));
+    }
     // Idle until the next plan: the model-sized buffers go back (a simulation holds hundreds of
     // clients in one process; a device gets its memory back between rounds).
     std::vector<float>().swap(global);
     std::vector<float>().swap(delta);
     ++rounds;
     // Read out as an update stream: no serialized copy, and no size ceiling.
-    pump = std::make_shared<ChunkPump>(conn, std::make_shared<UpdateStreamSource>(encoded),
-                                       next_transfer++, options.chunk_bytes,
-                                       std::string(kUpdateStreamContentType));
+    if (masked) {
+      pump = std::make_shared<ChunkPump>(conn, masked, next_transfer++, options.chunk_bytes,
+                                         std::string(kSecAggMaskedContentType));
+    } else {
+      pump = std::make_shared<ChunkPump>(conn, std::make_shared<UpdateStreamSource>(encoded),
+                                         next_transfer++, options.chunk_bytes,
+                                         std::string(kUpdateStreamContentType));
+    }
     if (options.upload_bytes_per_second > 0) {
       pump->set_rate_limit(io.get_executor(), options.upload_bytes_per_second);
     }
@@ -401,7 +518,7 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     u->set_round(p.round());
     u->set_base_version(p.model_version());
     u->set_num_samples(report->num_samples);
-    u->set_codec(p.codec());
+    u->set_codec(masked ? std::string(kSecAggMaskedContentType) : p.codec());
     u->set_train_loss(report->loss);
     *u->mutable_transfer() = pump->header();
     // The chunks follow once the aggregator grants the upload its turn (a ChunkAck).
@@ -435,6 +552,7 @@ int EdgeClient::connections() const { return impl_->connections; }
 int EdgeClient::rounds_declined() const { return impl_->declined; }
 EdgeClient::RoundTimes EdgeClient::round_times() const { return impl_->times; }
 int EdgeClient::rounds_lost() const { return impl_->lost; }
+int EdgeClient::secagg_refusals() const { return impl_->sa_refusals; }
 const Status& EdgeClient::last_round_lost() const { return impl_->last_loss; }
 uint64_t EdgeClient::peak_rss_bytes() const { return impl_->peak_rss; }
 

@@ -62,6 +62,10 @@ struct EdgeClientOptions {
   // Error-feedback residuals and round counters, saved atomically whenever the aggregator
   // acknowledges an update and restored on start (empty: kept in memory only).
   std::string state_path;
+  // Take part only in rounds that run secure aggregation (the client's config has [secagg]
+  // enabled): a round plan without it stops the client with an error, so its update never
+  // leaves in the clear because of an aggregator's configuration.
+  bool require_secure_aggregation = false;
   // Crash tests only: "uploading@R" SIGKILLs the process once half of round R's upload chunks
   // are on their way (`starling client` reads it from $STARLING_CRASH_POINT).
   std::string crash_point;
@@ -86,9 +90,10 @@ class EdgeClient {
   bool stopped() const;
   const Status& error() const;
   int rounds_trained() const;
-  int connections() const;                // successful connections so far
-  int rounds_declined() const;            // plans refused by the training condition or memory limit
-  int rounds_lost() const;                // rounds a recoverable trainer failed
+  int connections() const;      // successful connections so far
+  int rounds_declined() const;  // plans refused by the training condition or memory limit
+  int rounds_lost() const;      // rounds a recoverable trainer failed
+  int secagg_refusals() const;  // secure aggregation requests this client refused (see protocol.h)
   const Status& last_round_lost() const;  // why the latest of those failed
   uint64_t peak_rss_bytes() const;        // of the process, after the last round (0: unknown)
   // Where the time of the completed rounds went: from the round plan's arrival to the

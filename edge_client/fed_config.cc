@@ -20,6 +20,7 @@ EdgeClientOptions edge_client_options(const v1::FederationConfig& config,
   o.condition_poll = std::chrono::seconds(c.condition_poll_s());
   o.upload_bytes_per_second = static_cast<uint64_t>(c.upload_limit_kbps()) * 1000;
   o.chunk_bytes = c.chunk_kb() << 10;
+  o.require_secure_aggregation = config.secagg().enabled();
   if (c.state_path() == "none") {
     o.state_path.clear();
   } else if (c.state_path().empty()) {

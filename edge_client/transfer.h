@@ -32,6 +32,11 @@ inline constexpr std::string_view kUpdateContentType = "encoded_update";
 inline constexpr std::string_view kUpdateStreamContentType = "update_stream";
 // Error.message of the non-retryable Error the aggregator sends when the run is complete;
 // clients stop instead of reconnecting.
+// A secure aggregation round's masked vector: a serialized v1::SecAggMaskedInput, which the
+// aggregator adds to its running sum of masked vectors (docs/secagg.md).
+inline constexpr std::string_view kSecAggMaskedContentType = "secagg/masked";
+// The client state's entry (ClientState::codec_state) for the secure aggregation residual.
+inline constexpr std::string_view kSecAggStateKey = "secagg";
 inline constexpr std::string_view kFederationComplete = "federation complete";
 
 // Flat f32 vector <-> little-endian bytes. from_f32_bytes: DataLoss unless the payload holds

@@ -161,7 +161,7 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
   }
   ASSIGN_OR_RETURN(const int n_clients, fleet_size(cfg, task));
   const bool secure = cfg.secagg().enabled();
-  const secagg::Quantizer quantizer = secagg_quantizer(cfg.secagg());
+  const secagg::Quantizer quantizer = secagg::quantizer_of(cfg.secagg());
   const bool distributed_dp = secure && cfg.secagg().noise_multiplier() > 0;
   double randk_ratio = 0;
   if (secure) {
@@ -252,15 +252,18 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
       // Secure aggregation: the round's graph and threshold are set before training, and with
       // them each client's share of the noise.
       secagg::Params sa_params;
-      SecAggCoordinates coords;
+      secagg::Coordinates coords;
       double client_variance = 0;
+      v1::SecAggEncoding encoding;
       if (secure) {
-        coords =
-            secagg_coordinates(randk_ratio, numel, Rng(opts.seed).fork(7).fork(round).next_u64());
+        const uint64_t coordinates_seed = Rng(opts.seed).fork(7).fork(round).next_u64();
+        coords = secagg::choose_coordinates(randk_ratio, numel, coordinates_seed);
         ASSIGN_OR_RETURN(
             sa_params, plan_secagg(cfg.secagg(), static_cast<uint32_t>(pick), coords.length(numel)),
             "round " + std::to_string(round));
-        client_variance = secagg_client_variance(cfg.secagg(), sa_params);
+        client_variance = secagg::client_noise_variance(cfg.secagg(), sa_params);
+        encoding =
+            secagg::encoding_of(cfg.secagg(), randk_ratio, coordinates_seed, client_variance);
       }
 
       // The model download: one framed, chunked transfer, decoded back; every client gets it.
@@ -322,28 +325,10 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
               // The client's side of secure aggregation: clip, quantize (unbiased), keep what
               // was left out; the masking happens once the round knows who survived.
               Outcome oc;
-              if (cfg.secagg().error_feedback() && residual.empty()) residual.assign(numel, 0.0f);
-              if (distributed_dp) {
-                // Clip to the L2 norm the sensitivity assumes.
-                double norm2 = 0;
-                for (float v : delta) norm2 += static_cast<double>(v) * v;
-                const double clip = cfg.secagg().dp_clip_norm();
-                if (norm2 > clip * clip) {
-                  const auto f = static_cast<float>(clip / std::sqrt(norm2));
-                  for (float& v : delta) v *= f;
-                }
-              }
               Rng qrng = Rng(opts.seed).fork(5).fork(static_cast<uint64_t>(k)).fork(round);
-              secagg_encode(
-                  quantizer, coords, delta,
-                  cfg.secagg().error_feedback() ? std::span<float>(residual) : std::span<float>(),
-                  qrng, oc.quantized);
-              if (distributed_dp) {
-                ASSIGN_OR_RETURN(auto noise, secagg::SecureStream::fresh(), node);
-                RETURN_IF_ERROR(
-                    secagg::add_skellam(oc.quantized, client_variance, quantizer.bits, noise),
-                    node + ": distributed DP noise");
-              }
+              RETURN_IF_ERROR(
+                  secagg::encode_update(encoding, sa_params, delta, residual, qrng, oc.quantized),
+                  node);
               RETURN_IF_ERROR(store.put(k, std::move(residual)), node);
               oc.weight = static_cast<float>(report.num_samples);
               oc.loss = report.loss;
@@ -493,7 +478,7 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
         const double denominator = distributed_dp ? dp_rate * static_cast<double>(available)
                                                   : static_cast<double>(sa->survivors);
         const auto inv = static_cast<float>(1.0 / denominator);
-        secagg_scatter(coords, sa->sum, mean);
+        secagg::scatter(coords, sa->sum, mean);
         for (size_t j = 0; j < numel; ++j) mean[j] *= inv;
         optimizer.apply(res.global, mean);
         ++version;

@@ -77,7 +77,6 @@ Result<Pki> make_pki(int n) {
 Result<SimResult> run_loopback(const v1::FederationConfig& cfg, SimTask& task,
                                const std::filesystem::path& out_dir,
                                const RoundCallback& on_round) {
-  RETURN_IF_ERROR(aggregator::secagg_in_process_only(cfg, "simulate.mode LOOPBACK"));
   const int have = task.num_clients();
   const int n =
       cfg.simulate().num_clients() ? static_cast<int>(cfg.simulate().num_clients()) : have;
@@ -120,6 +119,15 @@ Result<SimResult> run_loopback(const v1::FederationConfig& cfg, SimTask& task,
     rec.train_loss = r.mean_train_loss;
     rec.bytes_up = r.update_bytes;
     rec.bytes_down = static_cast<uint64_t>(r.selected) * model_bytes;
+    if (r.secagg_degree > 0) {
+      rec.secagg_dropped = r.secagg_dropped;
+      rec.secagg_degree = r.secagg_degree;
+      rec.secagg_threshold = r.secagg_threshold;
+      // The key and unmask stages, both directions (the masked vectors are in update_bytes).
+      rec.bytes_up += r.secagg_stage_bytes[0] + r.secagg_stage_bytes[1] + r.secagg_stage_bytes[3];
+      rec.bytes_down = static_cast<uint64_t>(r.secagg_survivors + r.secagg_dropped) * model_bytes;
+    }
+    rec.dp_epsilon = r.dp_epsilon;
     bytes_total += rec.bytes_up + rec.bytes_down;
     rec.bytes_total = bytes_total;
     rec.real_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -162,6 +170,7 @@ Result<SimResult> run_loopback(const v1::FederationConfig& cfg, SimTask& task,
     o.backoff.max = milliseconds(cfg.client().backoff_max_ms());
     o.seed = static_cast<uint64_t>(k) + 1;
     o.chunk_bytes = cfg.simulate().chunk_bytes();
+    o.require_secure_aggregation = cfg.secagg().enabled();
     clients.push_back(std::make_unique<edge_client::EdgeClient>(io, ctx, o, *trainers.back()));
     clients.back()->start();
   }

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <memory>
 
-#include "core/compress/internal/kernels.h"
 #include "core/secagg/noise.h"
 #include "core/secagg/protocol.h"
 #include "core/wire/envelope.h"
@@ -31,73 +30,9 @@ double since(Clock::time_point t0) {
 
 }  // namespace
 
-secagg::Quantizer secagg_quantizer(const v1::FedSecAggConfig& c) {
-  return secagg::Quantizer{c.clip_range(), c.quantization_levels(), c.modulus_bits()};
-}
-
-SecAggCoordinates secagg_coordinates(double ratio, size_t numel, uint64_t round_seed) {
-  SecAggCoordinates c;
-  if (ratio <= 0) return c;
-  c.sparse = true;
-  const auto n = static_cast<int64_t>(numel);
-  const int64_t k =
-      std::clamp<int64_t>(static_cast<int64_t>(std::ceil(ratio * static_cast<double>(n))), 1, n);
-  compress::internal::randk_indices(n, k, round_seed, c.index);
-  const compress::internal::Strata strata(n, k);
-  c.stratum.resize(static_cast<size_t>(k));
-  for (int64_t j = 0; j < k; ++j)
-    c.stratum[static_cast<size_t>(j)] = static_cast<float>(strata.size(j));
-  return c;
-}
-
-void secagg_encode(const secagg::Quantizer& q, const SecAggCoordinates& c,
-                   std::span<const float> delta, std::span<float> residual, Rng& rng,
-                   std::vector<uint32_t>& out) {
-  out.resize(c.length(delta.size()));
-  if (!c.sparse) {
-    q.quantize(delta, residual, rng, out);
-    return;
-  }
-  const bool ef = !residual.empty();
-  std::vector<float> picked(c.index.size());
-  for (size_t j = 0; j < c.index.size(); ++j) {
-    const uint32_t i = c.index[j];
-    picked[j] = ef ? delta[i] + residual[i] : delta[i] * c.stratum[j];
-  }
-  q.quantize(picked, {}, rng, out);
-  if (!ef) return;
-  // What was not sent: everything off the chosen coordinates, and on them what the clipping
-  // and the rounding left.
-  for (size_t i = 0; i < delta.size(); ++i) residual[i] += delta[i];
-  std::vector<float> sent(out.size());
-  q.dequantize_sum(out, sent);
-  for (size_t j = 0; j < c.index.size(); ++j) residual[c.index[j]] -= sent[j];
-}
-
-void secagg_scatter(const SecAggCoordinates& c, std::span<const float> sum, std::span<float> out) {
-  if (!c.sparse) {
-    std::copy(sum.begin(), sum.end(), out.begin());
-    return;
-  }
-  std::fill(out.begin(), out.end(), 0.0f);
-  for (size_t j = 0; j < c.index.size(); ++j) out[c.index[j]] = sum[j];
-}
-
 Result<secagg::Params> plan_secagg(const v1::FedSecAggConfig& config, uint32_t n, size_t numel) {
   return secagg::plan_round(n, config.threshold(), config.degree(), config.modulus_bits(), numel,
                             config.dropout_tolerance());
-}
-
-double secagg_client_variance(const v1::FedSecAggConfig& config, const secagg::Params& params) {
-  if (config.noise_multiplier() <= 0) return 0.0;
-  const auto sens = secagg::rounded_sensitivity(
-      config.dp_clip_norm(), secagg_quantizer(config).scale(), params.vector_length);
-  const double total = std::pow(config.noise_multiplier() * sens.l2, 2);
-  // Split over the survivors expected at dropout_tolerance (never fewer than the threshold);
-  // the accountant then charges each round for the noise its survivors actually added.
-  const double n = params.num_clients;
-  const double expected = std::floor(n * (1.0 - config.dropout_tolerance()) + 1e-9);
-  return total / std::max<double>(params.threshold, expected);
 }
 
 Result<SecAggRoundResult> run_secagg_round(const v1::FedSecAggConfig& config, uint64_t round,
@@ -210,7 +145,7 @@ Result<SecAggRoundResult> run_secagg_round(const v1::FedSecAggConfig& config, ui
   res.server_seconds += since(t);
   res.survivors = static_cast<int>(server->survivors().size());
   res.sum.resize(numel);
-  secagg_quantizer(config).dequantize_sum(sum, res.sum);
+  secagg::quantizer_of(config).dequantize_sum(sum, res.sum);
   res.sum_raw = sum;
   return res;
 }

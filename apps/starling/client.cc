@@ -106,7 +106,6 @@ Result<std::unique_ptr<edge_client::LocalTrainer>> make_exec_trainer(const Clien
 
 Status run_client(const ClientArgs& args) {
   ASSIGN_OR_RETURN(Setup s, setup(args));
-  RETURN_IF_ERROR(aggregator::secagg_in_process_only(s.cfg, args.config));
   RETURN_IF_ERROR(fetch_federation_data(s.cfg));
   RETURN_IF_ERROR(sim::check_simulated_trainer(s.cfg, args.config));
   std::string loaded;

@@ -94,7 +94,6 @@ Status run_aggregator(const AggregatorArgs& args) {
   ASSIGN_OR_RETURN(auto cfg, aggregator::load_federation_config(args.config));
   if (args.num_rounds) cfg.mutable_rounds()->set_num_rounds(args.num_rounds);
   RETURN_IF_ERROR(apply_device_flags(args.device, &cfg, args.config));
-  RETURN_IF_ERROR(aggregator::secagg_in_process_only(cfg, args.config));
   RETURN_IF_ERROR(fetch_federation_data(cfg));
   // The model kind's task (sim/model_kind.h): the model, its evaluation and checkpoint, and the
   // simulated clients' trainers. Without --simulate the clients' training data is not loaded.

@@ -119,6 +119,128 @@ TEST_CASE("metrics and the status page are served over HTTP", "[net][monitor]") 
   CHECK(head.find("starling_rounds") == std::string::npos);
 }
 
+TEST_CASE("secure aggregation's progress is in the metrics, the page and the JSON", "[monitor]") {
+  asio::io_context io;
+  auto m = Monitor::start(io, "127.0.0.1", 0, "secure");
+  REQUIRE(m.ok());
+  auto& mon = *m;
+
+  SECTION("no stage before the first") {
+    CHECK_THAT(mon->metrics_text(), Catch::Contains("starling_secagg_stage -1"));
+    CHECK_THAT(mon->status_json(), Catch::Contains("\"secagg_stage\":null"));
+    CHECK_THAT(mon->status_html(), !Catch::Contains("secure aggregation"));
+  }
+
+  SECTION("a secure round") {
+    mon->round_started(1, 5);
+    mon->secagg_stage(1, 0, 5);
+    CHECK_THAT(mon->status_html(),
+               Catch::Contains("secure aggregation: stage advertise (5 clients)"));
+    mon->secagg_stage(1, 1, 5);
+    mon->secagg_stage(1, 2, 4);
+    CHECK_THAT(mon->metrics_text(), Catch::Contains("starling_secagg_stage 2"));
+    CHECK_THAT(mon->metrics_text(), Catch::Contains("starling_secagg_stage_clients 4"));
+    CHECK_THAT(mon->status_html(),
+               Catch::Contains("secure aggregation: stage masked_input (4 clients)"));
+    CHECK_THAT(mon->status_json(), Catch::Contains("\"secagg_stage\":\"masked_input\""));
+    CHECK_THAT(mon->status_json(), Catch::Contains("\"secagg_stage_clients\":4"));
+    mon->secagg_stage(1, 3, 4);
+    CHECK_THAT(mon->status_html(), Catch::Contains("secure aggregation: stage unmask (4 clients)"));
+
+    RoundReport r;
+    r.round = 1;
+    r.updates = 3;
+    r.secagg_survivors = 3;
+    r.secagg_dropped = 1;
+    r.secagg_degree = 4;
+    r.secagg_threshold = 3;
+    r.secagg_stage_bytes = {100, 200, 1234, 56};
+    mon->round_closed(r);
+    // A second secure round adds to the counters; the gauges are the last round's.
+    mon->round_started(2, 5);
+    mon->secagg_stage(2, 0, 5);
+    r.round = 2;
+    r.secagg_survivors = 5;
+    r.secagg_dropped = 0;
+    r.secagg_degree = 5;
+    r.secagg_threshold = 4;
+    r.secagg_stage_bytes = {1, 2, 3, 4};
+    mon->round_closed(r);
+
+    const std::string metrics = mon->metrics_text();
+    CHECK_THAT(metrics, Catch::Contains("# TYPE starling_secagg_bytes_total counter"));
+    CHECK_THAT(metrics, Catch::Contains("starling_secagg_stage -1"));
+    CHECK_THAT(metrics, Catch::Contains("starling_secagg_stage_clients 0"));
+    CHECK_THAT(metrics, Catch::Contains("starling_secagg_survivors_total 8"));
+    CHECK_THAT(metrics, Catch::Contains("starling_secagg_dropped_total 1"));
+    CHECK_THAT(metrics, Catch::Contains("starling_secagg_bytes_total{stage=\"advertise\"} 101"));
+    CHECK_THAT(metrics, Catch::Contains("starling_secagg_bytes_total{stage=\"share_keys\"} 202"));
+    CHECK_THAT(metrics,
+               Catch::Contains("starling_secagg_bytes_total{stage=\"masked_input\"} 1237"));
+    CHECK_THAT(metrics, Catch::Contains("starling_secagg_bytes_total{stage=\"unmask\"} 60"));
+    CHECK_THAT(metrics, Catch::Contains("starling_secagg_threshold 4"));
+    CHECK_THAT(metrics, Catch::Contains("starling_secagg_degree 5"));
+
+    const std::string page = mon->status_html();
+    CHECK_THAT(page, !Catch::Contains("secure aggregation: stage"));
+    CHECK_THAT(page, Catch::Contains("5 survivors, 0 dropped (threshold 4, degree 5)"));
+
+    const std::string json = mon->status_json();
+    CHECK_THAT(json, Catch::Contains("\"secagg_stage\":null"));
+    CHECK_THAT(json, Catch::Contains("\"secagg_survivors\":3"));
+    CHECK_THAT(json, Catch::Contains("\"secagg_dropped\":1"));
+    CHECK_THAT(json, Catch::Contains("\"secagg_degree\":4"));
+    CHECK_THAT(json, Catch::Contains("\"secagg_threshold\":3"));
+    CHECK_THAT(json, Catch::Contains("\"secagg_stage_bytes\":[100,200,1234,56]"));
+    CHECK_THAT(json, Catch::Contains("\"secagg_stage_bytes\":[1,2,3,4]"));
+  }
+
+  SECTION("a round that aborts in a stage does not leave it on the page") {
+    mon->round_started(1, 5);
+    mon->secagg_stage(1, 1, 5);
+    mon->secagg_stage(1, -1, 0);  // the aggregator aborted the round
+    CHECK_THAT(mon->status_html(), !Catch::Contains("secure aggregation: stage"));
+    CHECK_THAT(mon->status_json(), Catch::Contains("\"secagg_stage\":null"));
+    CHECK_THAT(mon->metrics_text(), Catch::Contains("starling_secagg_stage -1"));
+    CHECK_THAT(mon->metrics_text(), Catch::Contains("starling_secagg_stage_clients 0"));
+    mon->secagg_stage(1, 7, 5);  // no such stage: none either
+    CHECK_THAT(mon->status_json(), Catch::Contains("\"secagg_stage\":null"));
+    // A stage still shown when another round starts is a leftover.
+    mon->secagg_stage(1, 3, 2);
+    mon->round_started(2, 5);
+    CHECK_THAT(mon->status_html(), !Catch::Contains("secure aggregation: stage"));
+    CHECK_THAT(mon->metrics_text(), Catch::Contains("starling_secagg_stage -1"));
+    // This round's first stage, reported before round_started, stays.
+    mon->secagg_stage(3, 0, 5);
+    mon->round_started(3, 5);
+    CHECK_THAT(mon->status_html(),
+               Catch::Contains("secure aggregation: stage advertise (5 clients)"));
+  }
+
+  SECTION("a round without secure aggregation leaves its counters at zero") {
+    mon->round_started(1, 5);
+    RoundReport r;
+    r.round = 1;
+    r.updates = 5;
+    r.secagg_survivors = 7;  // ignored without a degree
+    r.secagg_stage_bytes = {9, 9, 9, 9};
+    mon->round_closed(r);
+    const std::string metrics = mon->metrics_text();
+    CHECK_THAT(metrics, Catch::Contains("starling_secagg_stage -1"));
+    CHECK_THAT(metrics, Catch::Contains("starling_secagg_survivors_total 0"));
+    CHECK_THAT(metrics, Catch::Contains("starling_secagg_dropped_total 0"));
+    for (const char* stage : {"advertise", "share_keys", "masked_input", "unmask"}) {
+      CHECK_THAT(metrics, Catch::Contains("starling_secagg_bytes_total{stage=\"" +
+                                          std::string(stage) + "\"} 0"));
+    }
+    CHECK_THAT(metrics, Catch::Contains("starling_secagg_degree 0"));
+    const std::string json = mon->status_json();
+    CHECK_THAT(json, !Catch::Contains("secagg_survivors"));
+    CHECK_THAT(json, !Catch::Contains("secagg_stage_bytes"));
+    CHECK_THAT(mon->status_html(), !Catch::Contains("secure aggregation"));
+  }
+}
+
 TEST_CASE("a metrics port already taken is a clear error", "[net][monitor]") {
   asio::io_context io;
   auto a = Monitor::start(io, "127.0.0.1", 0, "a");
