@@ -347,9 +347,15 @@ run_config() {
       kind=simulate; run_simulate "$cfg" data.num_clients=1000 ;;
     sim_mnist_100) kind=simulate; run_simulate "$cfg" ;;
     fed_mnist_secagg)
-      # Clients drop after sharing their keys, so the unmasking of dropped clients runs too.
-      kind=simulate; run_simulate "$cfg" simulate.dropout=0.2 ;;
-    fed_mnist_secagg_dp) kind=simulate; run_simulate "$cfg" simulate.dropout=0.1 ;;
+      # Clients drop after sharing their keys, so the unmasking of dropped clients runs too;
+      # then the real aggregator and clients over loopback TLS.
+      kind=simulate
+      run_simulate "$cfg" simulate.dropout=0.2 || return
+      run_simulate "$cfg" simulate.mode=LOOPBACK ;;
+    fed_mnist_secagg_dp)
+      kind=simulate
+      run_simulate "$cfg" simulate.dropout=0.1 || return
+      run_simulate "$cfg" simulate.mode=LOOPBACK ;;
     sim_mnist_emulated)
       # Late joiners arrive after round 1 instead of 20, so the two rounds see them join.
       kind=simulate; run_simulate "$cfg" simulate.late_join_rounds=1 ;;
