@@ -94,6 +94,7 @@ Status UpdateAccumulator::fold_stream(const compress::ReadAt& read, uint64_t tot
     MemorySum sum(sum_);
     StreamFoldOptions opt;
     opt.clip_norm = rule_.clip_norm;
+    opt.threads = rule_.fold_threads;
     ASSIGN_OR_RETURN(const StreamFoldResult r,
                      fold_update_stream(read, total_bytes, sum, weight, opt));
     if (r.clipped) ++clipped_;
@@ -106,7 +107,9 @@ Status UpdateAccumulator::fold_stream(const compress::ReadAt& read, uint64_t tot
   }
   scratch_.assign(sum_.size(), 0.0f);
   MemorySum decoded(scratch_);
-  RETURN_IF_ERROR(fold_update_stream(read, total_bytes, decoded, 1.0f).status());
+  StreamFoldOptions opt;
+  opt.threads = rule_.fold_threads;
+  RETURN_IF_ERROR(fold_update_stream(read, total_bytes, decoded, 1.0f, opt).status());
   return fold_decoded(weight);
 }
 

@@ -37,6 +37,9 @@ struct AggregationRule {
   double clip_norm = 0.0;
   int byzantine_f = 0;  // kKrum, kMultiKrum
   int krum_m = 0;       // kMultiKrum: updates averaged; 0: n - f
+  // Threads a streamed update is checked and folded with (aggregator/stream_fold.h): the sum
+  // is bit-identical for any count.
+  int fold_threads = 1;
 };
 
 // Krum / Multi-Krum selection over `updates` (each of the same size): the indices of the

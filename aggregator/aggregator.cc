@@ -175,6 +175,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   int registered_at_start = 0;
   double loss_sum = 0.0;
   uint64_t bytes_in = 0;
+  double fold_seconds = 0.0;   // this round
   double staleness_sum = 0.0;  // FedBuff, this round
   uint64_t staleness_max = 0;
   Clock::time_point started;
@@ -500,6 +501,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     lost = 0;
     loss_sum = 0.0;
     bytes_in = 0;
+    fold_seconds = 0.0;
     most_streaming = uploads_streaming;
     accumulator.reset();
     round_active = true;
@@ -1060,6 +1062,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       s.staleness = version - s.base_version;
       s.weight = fedbuff_staleness_weight(s.staleness);
     }
+    const auto fold_start = Clock::now();
     if (sa) {
       // added to the secure sum above
     } else if (spill && stream) {
@@ -1074,6 +1077,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       st = accumulator.fold_bytes(payload, s.weight);
     }
     spill.reset();
+    fold_seconds += std::chrono::duration<double>(Clock::now() - fold_start).count();
     if (!st.ok()) return reject_update(s, st);
     if (!sa) crash_point("folding");
     s.submitted = true;
@@ -1142,6 +1146,10 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     report.seconds = std::chrono::duration<double>(Clock::now() - started).count();
     report.registered = registered_at_start;
     report.most_uploads_streaming = static_cast<int>(most_streaming);
+    report.fold_seconds = fold_seconds;
+    report.fold_gbps = fold_seconds > 0 ? static_cast<double>(bytes_in) / fold_seconds / 1e9 : 0.0;
+    report.receive_gbps =
+        report.seconds > 0 ? static_cast<double>(bytes_in) / report.seconds / 1e9 : 0.0;
 
     if (sa) {
       // finish_secagg() has set delta from the unmasked sum.
@@ -1249,6 +1257,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       lost = 0;
       loss_sum = 0.0;
       bytes_in = 0;
+      fold_seconds = 0.0;
       staleness_sum = 0.0;
       staleness_max = 0;
       most_streaming = uploads_streaming;

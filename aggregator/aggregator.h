@@ -156,6 +156,11 @@ struct RoundReport {
   double mean_staleness = 0.0;     // FedBuff: of the updates folded this round
   uint64_t max_staleness = 0;      // FedBuff
   int most_uploads_streaming = 0;  // uploads granted a turn at the same time, at most
+  // Where the server's time went on the updates: seconds checking and folding them (on
+  // rule.fold_threads threads), their bytes per second of that, and per second of the round.
+  double fold_seconds = 0.0;
+  double fold_gbps = 0.0;
+  double receive_gbps = 0.0;
   // Secure aggregation (zeros without): clients whose masked vector is in the sum, clients
   // that shared their keys and sent none (their masks were removed), the graph's degree, the
   // threshold, and the framed bytes of each stage, both directions (advertise, share keys,

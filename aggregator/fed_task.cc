@@ -1,7 +1,9 @@
 // Federation configs and the MNIST task.
 #include "aggregator/fed_task.h"
 
+#include <algorithm>
 #include <cmath>
+#include <thread>
 
 #include "core/compress/spec.h"
 #include "core/config/toml_config.h"
@@ -278,8 +280,10 @@ Result<double> secagg_randk_ratio(const v1::FederationConfig& config) {
   return invalid_argument(
       "key 'local.codec' must be \"identity\" or \"randk:ratio=R\" with [secagg]: the masked "
       "vectors must line up coordinate by coordinate (top-k chooses per-client coordinates, int8 "
-      "and qsgd per-client scales; random-k composes, its coordinates drawn once per round for "
-      "every client); secagg quantizes the values itself, secagg.modulus_bits bits each");
+      "and qsgd per-client scales, and PowerSGD's factors P Q^T do not add up unless every "
+      "client shares Q, which takes two secure sums a round; random-k composes, its coordinates "
+      "drawn once per round for every client); secagg quantizes the values itself, "
+      "secagg.modulus_bits bits each");
 }
 
 StrategyOptions strategy_options(const v1::FederationConfig& c) {
@@ -361,6 +365,10 @@ AggregatorOptions aggregator_options(const v1::FederationConfig& c) {
   o.dp.simulation_seed = c.dp().simulation_seed();
   o.rule.trim_fraction = c.robust().trim_fraction();
   o.rule.clip_norm = c.robust().clip_norm();
+  o.rule.fold_threads =
+      c.server().fold_threads() > 0
+          ? static_cast<int>(c.server().fold_threads())
+          : static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
   if (c.secagg().enabled()) {
     o.secagg = c.secagg();
     const auto ratio = secagg_randk_ratio(c);  // validated with the config

@@ -49,6 +49,8 @@ struct RoundPoint {
   double dp_epsilon = 0.0;
   std::optional<double> eval_loss;
   std::optional<double> eval_accuracy;
+  double fold_gbps = 0.0;     // update bytes folded per second of fold time
+  double receive_gbps = 0.0;  // update bytes received per second of the round
   int secagg_survivors = 0;
   int secagg_dropped = 0;
   int secagg_degree = 0;  // 0: not a secure round
@@ -175,6 +177,11 @@ struct Monitor::Impl {
     clients_registered = &gauge("starling_clients_registered", "Clients connected and registered");
     clients_selected = &gauge("starling_clients_selected", "Clients selected in the current round");
     round_seconds = &gauge("starling_round_seconds", "Duration of the last completed round");
+    fold_gbps =
+        &gauge("starling_fold_gbps",
+               "Update bytes checked and folded per second of fold time, last round (GB/s)");
+    receive_gbps = &gauge("starling_receive_gbps",
+                          "Update bytes received per second of the last round (GB/s)");
     train_loss = &gauge("starling_train_loss", "Mean client training loss of the last round");
     eval_loss =
         &gauge("starling_eval_loss", "Test loss of the global model at the last evaluation");
@@ -233,6 +240,8 @@ struct Monitor::Impl {
   prometheus::Gauge* clients_registered;
   prometheus::Gauge* clients_selected;
   prometheus::Gauge* round_seconds;
+  prometheus::Gauge* fold_gbps;
+  prometheus::Gauge* receive_gbps;
   prometheus::Gauge* train_loss;
   prometheus::Gauge* eval_loss;
   prometheus::Gauge* eval_accuracy;
@@ -455,6 +464,8 @@ void Monitor::handshake_refused(const std::string& error) {
 void Monitor::round_closed(const RoundReport& r) {
   impl_->rounds_completed->Increment();
   impl_->round_seconds->Set(r.seconds);
+  impl_->fold_gbps->Set(r.fold_gbps);
+  impl_->receive_gbps->Set(r.receive_gbps);
   impl_->round_hist->Observe(r.seconds);
   impl_->train_loss->Set(r.mean_train_loss);
   impl_->dp_epsilon->Set(r.dp_epsilon);
@@ -466,6 +477,8 @@ void Monitor::round_closed(const RoundReport& r) {
   p.seconds = r.seconds;
   p.train_loss = r.mean_train_loss;
   p.dp_epsilon = r.dp_epsilon;
+  p.fold_gbps = r.fold_gbps;
+  p.receive_gbps = r.receive_gbps;
   impl_->end_secagg_stage();
   if (r.secagg_degree > 0) {
     impl_->secagg_survivors->Increment(r.secagg_survivors);
@@ -504,10 +517,15 @@ std::string Monitor::metrics_text() const {
 std::string Monitor::status_json() const {
   nlohmann::json rounds = nlohmann::json::array();
   for (const auto& p : impl_->history) {
-    nlohmann::json j = {{"round", p.round},           {"updates", p.updates},
-                        {"rejected", p.rejected},     {"update_bytes", p.bytes},
-                        {"round_seconds", p.seconds}, {"train_loss", p.train_loss},
-                        {"dp_epsilon", p.dp_epsilon}};
+    nlohmann::json j = {{"round", p.round},
+                        {"updates", p.updates},
+                        {"rejected", p.rejected},
+                        {"update_bytes", p.bytes},
+                        {"round_seconds", p.seconds},
+                        {"train_loss", p.train_loss},
+                        {"dp_epsilon", p.dp_epsilon},
+                        {"fold_gbps", p.fold_gbps},
+                        {"receive_gbps", p.receive_gbps}};
     if (p.eval_loss) j["test_loss"] = *p.eval_loss;
     if (p.eval_accuracy) j["test_accuracy"] = *p.eval_accuracy;
     if (p.secagg_degree > 0) {
@@ -591,6 +609,11 @@ std::string Monitor::status_html() const {
     row("train loss (last round)", buf);
     std::snprintf(buf, sizeof(buf), "%.2f s", h.back().seconds);
     row("last round", buf);
+    if (h.back().fold_gbps > 0) {
+      std::snprintf(buf, sizeof(buf), "%.2f GB/s folded, %.3f GB/s received", h.back().fold_gbps,
+                    h.back().receive_gbps);
+      row("update rates (last round)", buf);
+    }
     if (h.back().dp_epsilon > 0) {
       std::snprintf(buf, sizeof(buf), "%.4f", h.back().dp_epsilon);
       row("DP epsilon spent", buf);

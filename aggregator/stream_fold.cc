@@ -4,9 +4,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "aggregator/accumulator.h"
 #include "aggregator/upload_spill.h"
@@ -18,14 +20,44 @@ Status io_error(const char* what, const std::string& path) {
   return internal_error(std::string(what) + " " + path + ": " + std::strerror(errno));
 }
 
-// Calls fn(begin, n) for the windows in which segment `seg` is read.
+// One window of one segment: a unit of work that reads and writes nothing another touches
+// (segments cover disjoint ranges of the model, windows disjoint ranges of their segment).
+struct Window {
+  size_t segment = 0;
+  int64_t begin = 0;
+  int64_t n = 0;
+};
+
+std::vector<Window> windows_of(const compress::UpdateStreamLayout& layout, int64_t target) {
+  std::vector<Window> out;
+  for (size_t i = 0; i < layout.segments.size(); ++i) {
+    const auto& meta = layout.segments[i].meta;
+    const int64_t step = compress::stream_window_elements(meta, target);
+    if (step == 0 || meta.numel == 0) {
+      out.push_back({i, 0, meta.numel});
+      continue;
+    }
+    for (int64_t b = 0; b < meta.numel; b += step)
+      out.push_back({i, b, std::min(step, meta.numel - b)});
+  }
+  return out;
+}
+
+// Runs fn(window, scratch segment) for every window on up to `threads` threads, each window on
+// one thread; returns the error of the first failing window in window order (so the result does
+// not depend on the thread count or the schedule).
 template <typename Fn>
-Status for_each_window(const compress::StreamSegment& seg, int64_t target, Fn&& fn) {
-  const int64_t step = compress::stream_window_elements(seg.meta, target);
-  const int64_t numel = seg.meta.numel;
-  if (step == 0 || numel == 0) return fn(int64_t{0}, numel);
-  for (int64_t begin = 0; begin < numel; begin += step) {
-    RETURN_IF_ERROR(fn(begin, std::min(step, numel - begin)));
+Status for_windows(const std::vector<Window>& windows, int threads, Fn&& fn) {
+  std::vector<Status> status(windows.size());
+  const int nt = std::clamp<int>(threads, 1, static_cast<int>(std::max<size_t>(windows.size(), 1)));
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    compress::Segment win;
+#pragma omp for schedule(dynamic, 1)
+    for (size_t k = 0; k < windows.size(); ++k) status[k] = fn(windows[k], win);
+  }
+  for (Status& st : status) {
+    if (!st.ok()) return std::move(st);
   }
   return ok_status();
 }
@@ -80,28 +112,34 @@ Result<StreamFoldResult> fold_update_stream(const compress::ReadAt& read, uint64
                             " elements for a model of " + std::to_string(sum.numel()));
   }
   const bool clip = options.clip_norm > 0;
-  compress::Segment win;
-  std::vector<float> scratch;
-  double norm2 = 0.0;
+  // Only a sum in memory takes windows from several threads at once (FileSum is not
+  // thread-safe); the windows of a file sum go one at a time.
+  const bool in_memory = dynamic_cast<MemorySum*>(&sum) != nullptr;
+  const int threads = std::max(1, options.threads);
+  const std::vector<Window> windows = windows_of(layout, options.window_elements);
+  std::vector<double> norm2_of(windows.size(), 0.0);
   // Pass 1: everything checked before the sum is touched.
-  for (size_t i = 0; i < layout.segments.size(); ++i) {
-    const auto& seg = layout.segments[i];
-    const Status checked = for_each_window(seg, options.window_elements, [&](int64_t b, int64_t n) {
-      RETURN_IF_ERROR(compress::load_stream_window(read, seg, b, n, win));
-      RETURN_IF_ERROR(compress::check_segment(win, i), "update rejected");
-      if (!segment_is_finite(win)) {
-        return invalid_argument("update holds non-finite values (segment " + std::to_string(i) +
-                                ")");
-      }
-      if (clip) {
-        scratch.assign(static_cast<size_t>(n), 0.0f);
-        RETURN_IF_ERROR(compress::decode_add_segment(win, i, scratch, 1.0f));
-        for (float v : scratch) norm2 += static_cast<double>(v) * v;
-      }
-      return ok_status();
-    });
-    RETURN_IF_ERROR(checked);
-  }
+  const Status checked =
+      for_windows(windows, threads, [&](const Window& w, compress::Segment& win) {
+        const auto& seg = layout.segments[w.segment];
+        RETURN_IF_ERROR(compress::load_stream_window(read, seg, w.begin, w.n, win));
+        RETURN_IF_ERROR(compress::check_segment(win, w.segment), "update rejected");
+        if (!segment_is_finite(win)) {
+          return invalid_argument("update holds non-finite values (segment " +
+                                  std::to_string(w.segment) + ")");
+        }
+        if (clip) {
+          std::vector<float> scratch(static_cast<size_t>(w.n), 0.0f);
+          RETURN_IF_ERROR(compress::decode_add_segment(win, w.segment, scratch, 1.0f));
+          double s2 = 0.0;
+          for (float v : scratch) s2 += static_cast<double>(v) * v;
+          norm2_of[static_cast<size_t>(&w - windows.data())] = s2;
+        }
+        return ok_status();
+      });
+  RETURN_IF_ERROR(checked);
+  double norm2 = 0.0;
+  for (double s2 : norm2_of) norm2 += s2;  // in window order: the same for any thread count
   StreamFoldResult result;
   result.numel = layout.numel;
   float w = weight;
@@ -113,19 +151,21 @@ Result<StreamFoldResult> fold_update_stream(const compress::ReadAt& read, uint64
       result.clipped = true;
     }
   }
-  // Pass 2: the fold. The stream was checked; what can still fail is reading it again.
-  for (size_t i = 0; i < layout.segments.size(); ++i) {
-    const auto& seg = layout.segments[i];
-    const Status folded = for_each_window(seg, options.window_elements, [&](int64_t b, int64_t n) {
-      RETURN_IF_ERROR(compress::load_stream_window(read, seg, b, n, win));
-      Status added = ok_status();
-      const Status io = sum.update(seg.meta.offset + b, n, [&](std::span<float> dst) {
-        added = compress::decode_add_segment(win, i, dst, w);
+  // Pass 2: the fold, each window into its own range of the sum, so every element sees the
+  // same arithmetic whatever the thread count (bit-identical sums). The stream was checked;
+  // what can still fail is reading it again.
+  const Status folded = for_windows(
+      windows, in_memory ? threads : 1, [&](const Window& win_of, compress::Segment& win) {
+        const auto& seg = layout.segments[win_of.segment];
+        RETURN_IF_ERROR(compress::load_stream_window(read, seg, win_of.begin, win_of.n, win));
+        Status added = ok_status();
+        const Status io =
+            sum.update(seg.meta.offset + win_of.begin, win_of.n, [&](std::span<float> dst) {
+              added = compress::decode_add_segment(win, win_of.segment, dst, w);
+            });
+        return io.ok() ? added : io;
       });
-      return io.ok() ? added : io;
-    });
-    RETURN_IF_ERROR(folded);
-  }
+  RETURN_IF_ERROR(folded);
   return result;
 }
 

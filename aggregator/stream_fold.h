@@ -64,6 +64,10 @@ class FileSum : public SumWindows {
 struct StreamFoldOptions {
   double clip_norm = 0.0;             // > 0: scale the update to L2 norm at most this
   int64_t window_elements = 1 << 22;  // 16 MiB of f32 per window
+  // Threads that check and fold windows at once (a sum in memory only; a FileSum takes one).
+  // Each window lands in its own range of the sum, so the result is bit-identical for any
+  // count, and the first error in window order is the one returned.
+  int threads = 1;
 };
 
 struct StreamFoldResult {

@@ -70,6 +70,8 @@ T value_or_die(Result<T> r, const char* what) {
 
 struct FoldResult {
   std::string codec;
+  std::string path = "fold_bytes";  // or "stream fold, N threads"
+  int threads = 1;
   double update_mb = 0;  // one serialized update
   double seconds = 0;
   double input_gbps = 0;        // serialized update bytes folded per second
@@ -77,27 +79,47 @@ struct FoldResult {
   double decode_only_gbps = 0;  // decode_add of a parsed update, input bytes per second
 };
 
+// A model of `params` parameters laid out as GPT-2's tensors are: many of a few million each
+// (768 x 3072 MLP matrices), so a streamed fold has windows to spread over threads.
+compress::Layout model_layout(int64_t params) {
+  constexpr int64_t kTensor = 768 * 3072;
+  compress::Layout layout;
+  for (int64_t offset = 0; offset < params; offset += kTensor) {
+    const int64_t n = std::min(kTensor, params - offset);
+    layout.push_back({"t" + std::to_string(layout.size()), Shape{n}, offset});
+  }
+  return layout;
+}
+
+// `threads` 0: the serialized EncodedUpdate through fold_bytes (one thread); else the update
+// stream the aggregator receives, through fold_payload with that many fold threads.
 FoldResult bench_fold(const std::string& codec_spec, int64_t params, int updates,
-                      std::span<const float> delta) {
-  auto codec =
-      value_or_die(compress::make_codec(codec_spec, compress::flat_layout(params), 1), "codec");
+                      std::span<const float> delta, int threads = 0) {
+  auto codec = value_or_die(compress::make_codec(codec_spec, model_layout(params), 1), "codec");
   std::string bytes;
   {
     auto encoded = value_or_die(codec->encode(delta), "encode");
-    bytes = compress::serialize_update(encoded);
+    bytes = threads > 0 ? compress::UpdateStreamWriter(encoded).serialize()
+                        : compress::serialize_update(encoded);
   }
-  aggregator::UpdateAccumulator acc(params);
+  aggregator::AggregationRule rule;
+  rule.fold_threads = std::max(threads, 1);
+  aggregator::UpdateAccumulator acc(params, rule);
   const auto t0 = Clock::now();
   for (int u = 0; u < updates; ++u) {
-    const Status st = acc.fold_bytes(bytes, static_cast<float>(1 + u % 3));
+    const float w = static_cast<float>(1 + u % 3);
+    const Status st = threads > 0 ? acc.fold_payload(bytes, w) : acc.fold_bytes(bytes, w);
     if (!st.ok()) die("fold: " + st.to_string());
   }
   FoldResult r;
   r.codec = codec_spec;
+  r.threads = std::max(threads, 1);
+  if (threads > 0) r.path = "stream fold " + std::to_string(threads) + "t";
   r.seconds = seconds_since(t0);
   r.update_mb = static_cast<double>(bytes.size()) / 1e6;
   r.input_gbps = static_cast<double>(bytes.size()) * updates / r.seconds / 1e9;
   r.param_gbps = static_cast<double>(params) * 4.0 * updates / r.seconds / 1e9;
+  if (threads > 0) return r;  // decode-only is the same for both paths
   // The same without parsing: decode_add of one parsed update, 3 times, best.
   auto parsed = value_or_die(compress::parse_update(bytes), "parse");
   bytes.clear();
@@ -380,6 +402,7 @@ int main(int argc, char** argv) {
   std::string python;
   std::string peer = "bench/agg_bench.py";
   std::string int8_spec = "int8:block=256";
+  std::vector<int> fold_threads = {1, 2};
   RssOptions ro;
   std::vector<int> rss_clients = {10, 1000};
   bool skip_throughput = false;
@@ -391,6 +414,8 @@ int main(int argc, char** argv) {
   app.add_option("--flower-updates", flower_updates,
                  "Updates the numpy peer aggregates (Flower holds them all in memory, twice)");
   app.add_option("--compressed-codec", int8_spec, "The compressed codec measured");
+  app.add_option("--fold-threads", fold_threads,
+                 "Thread counts of the streamed fold (the aggregator's path; server.fold_threads)");
   app.add_option("--rss-params", ro.params, "Model size of the RSS runs");
   app.add_option("--rss-clients", rss_clients, "Clients per round of each RSS run");
   app.add_option("--rss-rounds", ro.rounds, "Rounds of each RSS run");
@@ -439,19 +464,43 @@ int main(int argc, char** argv) {
     for (const std::string& spec : {std::string("identity"), int8_spec}) {
       std::fprintf(stderr, "agg_bench: folding %d %s updates...\n", updates, spec.c_str());
       folds.push_back(bench_fold(spec, params, updates, delta));
+      for (int t : fold_threads) {
+        std::fprintf(stderr, "agg_bench: stream fold of %s, %d thread(s)...\n", spec.c_str(), t);
+        folds.push_back(bench_fold(spec, params, updates, delta, t));
+      }
     }
     delta.clear();
     delta.shrink_to_fit();
     const double mc = memcpy_gbps(static_cast<size_t>(params) * 4);
 
-    std::printf("\nAggregation throughput: %d updates of %lld float32 parameters, one thread\n",
-                updates, static_cast<long long>(params));
+    std::printf("\nAggregation throughput: %d updates of %lld float32 parameters\n", updates,
+                static_cast<long long>(params));
     std::printf("%-34s %10s %9s %12s %12s %14s\n", "path", "update MB", "seconds", "input GB/s",
                 "fp32 GB/s", "decode GB/s");
     for (const auto& f : folds) {
-      std::printf("%-34s %10.1f %9.2f %12.2f %12.2f %14.2f\n",
-                  ("starling fold_bytes " + f.codec).c_str(), f.update_mb, f.seconds, f.input_gbps,
-                  f.param_gbps, f.decode_only_gbps);
+      // Stream folds: their fp32 GB/s per thread against memcpy's single-thread bandwidth, and
+      // the speedup over the same codec's one-thread stream fold.
+      const FoldResult* one = nullptr;
+      for (const auto& g : folds) {
+        if (g.codec == f.codec && g.path == "stream fold 1t") one = &g;
+      }
+      std::string note;
+      if (f.path != "fold_bytes") {
+        char buf[96];
+        std::snprintf(
+            buf, sizeof(buf), "  %.2fx memcpy/thread%s", f.param_gbps / f.threads / mc,
+            one && f.threads > 1
+                ? (", " + std::to_string(f.param_gbps / one->param_gbps).substr(0, 4) + "x of 1t")
+                      .c_str()
+                : "");
+        note = buf;
+      }
+      std::printf(
+          "%-34s %10.1f %9.2f %12.2f %12.2f %14s%s\n",
+          ("starling " + f.path + " " + f.codec).c_str(), f.update_mb, f.seconds, f.input_gbps,
+          f.param_gbps,
+          f.path == "fold_bytes" ? std::to_string(f.decode_only_gbps).substr(0, 5).c_str() : "-",
+          note.c_str());
     }
     if (flower.is_object()) {
       std::printf("%-34s %10.1f %9.2f %12.2f %12.2f %14s\n",

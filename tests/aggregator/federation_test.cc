@@ -187,7 +187,8 @@ bool bit_equal(std::span<const float> a, std::span<const float> b) {
 TEST_CASE("FedAvg over mutual TLS equals the weighted average, bit for bit", "[net]") {
   Federation fed;
   asio::io_context io;
-  auto agg = fed.start_aggregator(io, fed.options(3));
+  std::vector<RoundReport> reports;
+  auto agg = fed.start_aggregator(io, fed.options(3), &reports);
   std::vector<std::unique_ptr<FormulaTrainer>> trainers;
   std::vector<std::unique_ptr<EdgeClient>> clients;
   for (int k = 0; k < 4; ++k) {
@@ -200,6 +201,12 @@ TEST_CASE("FedAvg over mutual TLS equals the weighted average, bit for bit", "[n
   }));
   CHECK(agg->error().ok());
   CHECK(agg->rounds_completed() == 3);
+  REQUIRE(reports.size() == 3);
+  for (const auto& r : reports) {  // the server's rates are measured, not left at zero
+    CHECK(r.fold_seconds > 0.0);
+    CHECK(r.fold_gbps > 0.0);
+    CHECK(r.receive_gbps > 0.0);
+  }
   const auto expected = expected_fedavg(3);
   CHECK(bit_equal(agg->global(), expected));
   for (int k = 0; k < 4; ++k) {

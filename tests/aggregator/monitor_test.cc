@@ -68,6 +68,8 @@ TEST_CASE("metrics and the status page are served over HTTP", "[net][monitor]") 
   r.seconds = 1.5;
   r.update_bytes = 1024;
   r.dp_epsilon = 0.25;
+  r.fold_gbps = 1.25;
+  r.receive_gbps = 0.5;
   mon->round_closed(r);
   mon->evaluated(1, 0.5, 0.875);
   mon->client_round_failed("client-3",
@@ -91,6 +93,8 @@ TEST_CASE("metrics and the status page are served over HTTP", "[net][monitor]") 
   CHECK_THAT(metrics, Catch::Contains("starling_dp_epsilon 0.25"));
   CHECK_THAT(metrics, Catch::Contains("starling_round_duration_seconds_count 2"));
   CHECK_THAT(metrics, Catch::Contains("starling_client_round_failures_total 1"));
+  CHECK_THAT(metrics, Catch::Contains("starling_fold_gbps 1.25"));
+  CHECK_THAT(metrics, Catch::Contains("starling_receive_gbps 0.5"));
 
   const std::string page = get(io, mon->port(), "/");
   CHECK_THAT(page, Catch::StartsWith("HTTP/1.1 200 OK"));
@@ -100,6 +104,7 @@ TEST_CASE("metrics and the status page are served over HTTP", "[net][monitor]") 
   CHECK_THAT(page, Catch::Contains("<polyline"));
   CHECK_THAT(page, Catch::Contains("0.8750 (round 1)"));
   CHECK_THAT(page, Catch::Contains("1.00 KiB"));
+  CHECK_THAT(page, Catch::Contains("1.25 GB/s folded, 0.500 GB/s received"));
 
   const std::string json = get(io, mon->port(), "/status.json");
   CHECK_THAT(json, Catch::Contains("\"test_accuracy\":0.875"));

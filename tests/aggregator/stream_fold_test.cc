@@ -31,12 +31,14 @@ compress::EncodedUpdate encode_or_die(const std::string& spec, const std::vector
   return std::move(*enc);
 }
 
-TEST_CASE("a streamed fold equals decode_add bit for bit, in any window size", "[aggregator]") {
+TEST_CASE("a streamed fold equals decode_add bit for bit, in any window size and thread count",
+          "[aggregator]") {
   const std::string spec = GENERATE(
       as<std::string>{}, "identity", "fp16", "bf16", "int8:block=64", "qsgd:levels=8,bucket=50",
       "topk:ratio=0.1", "randk:ratio=0.1,values=int8,block=8", "powersgd:rank=3", "sign");
   const int64_t window = GENERATE(int64_t{1}, int64_t{7}, int64_t{64}, int64_t{100000});
-  INFO(spec << " window " << window);
+  const int threads = GENERATE(1, 3);
+  INFO(spec << " window " << window << " threads " << threads);
   const auto enc = encode_or_die(spec, gaussian(2043, 6));
   const std::string bytes = compress::UpdateStreamWriter(enc).serialize();
   const auto base = gaussian(2043, 7);
@@ -46,6 +48,7 @@ TEST_CASE("a streamed fold equals decode_add bit for bit, in any window size", "
   MemorySum sum(got);
   StreamFoldOptions opt;
   opt.window_elements = window;
+  opt.threads = threads;
   auto r = fold_update_stream(compress::read_from_memory(bytes), bytes.size(), sum, 0.3f, opt);
   REQUIRE(r.ok());
   CHECK(r->numel == 2043);
@@ -56,6 +59,7 @@ TEST_CASE("the accumulator folds streams as it folds parsed updates", "[aggregat
   const std::string spec =
       GENERATE(as<std::string>{}, "identity", "int8:block=16", "topk:ratio=0.2");
   AggregationRule rule;
+  rule.fold_threads = GENERATE(1, 2);
   SECTION("mean") {}
   SECTION("mean, clipped") { rule.clip_norm = 5.0; }
   SECTION("median") { rule.rule = RobustRule::kMedian; }
@@ -88,6 +92,8 @@ TEST_CASE("a bad update anywhere in a stream leaves the sum unchanged", "[aggreg
   MemorySum sum(sum_values);
   StreamFoldOptions opt;
   opt.window_elements = 16;
+  opt.threads =
+      GENERATE(1, 4);  // the first bad window in order is the error, whatever the schedule
   auto fold = [&](const compress::EncodedUpdate& u, float w) {
     const std::string bytes = compress::UpdateStreamWriter(u).serialize();
     return fold_update_stream(compress::read_from_memory(bytes), bytes.size(), sum, w, opt)
