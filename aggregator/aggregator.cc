@@ -1225,10 +1225,12 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
         return finish();
       }
     }
-    spdlog::info("aggregator: round {} closed: {} updates ({} rejected{}), weight {}, loss {:.4f}",
-                 report.round, report.updates, report.rejected,
-                 report.lost ? fmt::format(", {} lost by their trainers", report.lost) : "",
-                 report.total_weight, report.mean_train_loss);
+    spdlog::info(
+        "aggregator: round {} closed: {} updates ({} rejected{}), weight {}, loss {:.4f}; {:.3f} "
+        "GB/s received, {:.2f} GB/s folded",
+        report.round, report.updates, report.rejected,
+        report.lost ? fmt::format(", {} lost by their trainers", report.lost) : "",
+        report.total_weight, report.mean_train_loss, report.receive_gbps, report.fold_gbps);
     if (accountant) {
       spdlog::info(
           "aggregator: round {}: DP: {} of {} updates clipped to L2 norm {:g}, noise std {:.3g} "

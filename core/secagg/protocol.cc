@@ -295,6 +295,7 @@ Result<v1::SecAggMaskedInput> ClientSession::masked_input(const v1::SecAggCipher
     h.ok = true;
   }
   // Reused across rounds: a fresh vector of a million integers costs its page faults again.
+  constexpr size_t kKeptMaskInts = size_t{1} << 22;  // 16 MiB
   thread_local std::vector<uint32_t> y;
   y.assign(input.begin(), input.end());
   for (auto& v : y) {
@@ -319,6 +320,9 @@ Result<v1::SecAggMaskedInput> ClientSession::masked_input(const v1::SecAggCipher
   out.set_index(index_);
   out.set_length(y.size());
   out.set_packed(pack_bits(y, params_.modulus_bits));
+  // Kept for the next round only while small: a device masking a large model gets the memory
+  // back between rounds.
+  if (y.capacity() > kKeptMaskInts) std::vector<uint32_t>().swap(y);
   stage_ = Stage::kMasked;
   return out;
 }
