@@ -660,11 +660,11 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   }
 
   void secagg_deadline() {
-    if (sa->stage >= 2) {
+    if (sa->stage == 3) return;  // the unmask stage has its own timeout
+    if (sa->stage == 2) {
       spdlog::warn("aggregator: round {} deadline passed with {} of {} masked vectors", round + 1,
                    sa->masked, sa->expected.size());
-      if (sa->stage == 2) close_secagg_stage();
-      return;
+      return close_secagg_stage();
     }
     abort_secagg_round(deadline_exceeded("the key stages did not finish before the deadline"));
   }

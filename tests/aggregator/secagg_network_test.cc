@@ -218,7 +218,7 @@ TEST_CASE(
 // A client that follows the protocol with a real ClientSession up to its masked vector, and then
 // sends a forged one: `claim` another client's index, or a vector cut short.
 struct ForgingClient {
-  enum class Forgery { kOtherIndex, kShortVector };
+  enum class Forgery { kOtherIndex, kShortVector, kSilent };
   ForgingClient(asio::io_context& io, SecureFederation& fed, int k, uint16_t port, Forgery f)
       : forgery(f) {
     net::ClientOptions o;
@@ -250,6 +250,7 @@ struct ForgingClient {
     if (e.has_secagg()) {
       const auto& m = e.secagg();
       v1::SecAggMessage out;
+      if (m.has_setup() && forgery == Forgery::kSilent) return;  // never advertises
       if (m.has_setup()) {
         auto s = secagg::ClientSession::create(plan.round(), m.setup());
         REQUIRE(s.ok());
@@ -329,6 +330,23 @@ TEST_CASE(
   CHECK_THAT(other.errors[0], Catch::Contains("client-6") && Catch::Contains("claims to be"));
   REQUIRE_FALSE(shorter.errors.empty());
   CHECK_THAT(shorter.errors[0], Catch::Contains("client-7"));
+}
+
+TEST_CASE("secure aggregation: a client silent in the key stage is left out at the stage timeout",
+          "[net][secagg]") {
+  SecureFederation fed(5);
+  auto o = fed.options(5);
+  o.secagg_stage_timeout = milliseconds(300);
+  auto agg = fed.start(o);
+  fed.start_fleet(4, agg->port(), [](int) { return 0; });
+  ForgingClient silent(fed.io, fed, 4, agg->port(), ForgingClient::Forgery::kSilent);
+  REQUIRE(run_until(fed.io, kWait, [&] { return agg->done(); }));
+  REQUIRE(agg->error().ok());
+  REQUIRE(fed.reports.size() == 1);
+  CHECK(fed.reports[0].secagg_survivors == 4);
+  CHECK(fed.reports[0].secagg_dropped == 0);  // it never shared keys: not in the graph's U1
+  CHECK(fed.reports[0].seconds < 5.0);        // the stage timeout, not the round deadline
+  CHECK(bit_equal(agg->global(), expected_model({0, 1, 2, 3})));
 }
 
 TEST_CASE("a client that requires secure aggregation refuses a round in the clear",
