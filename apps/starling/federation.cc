@@ -178,6 +178,21 @@ Status run_aggregator(const AggregatorArgs& args) {
       j["mean_staleness"] = r.mean_staleness;
       j["max_staleness"] = r.max_staleness;
     }
+    j["fold_gbps"] = r.fold_gbps;
+    j["receive_gbps"] = r.receive_gbps;
+    if (r.secagg_degree > 0) {
+      j["secagg_survivors"] = r.secagg_survivors;
+      j["secagg_dropped"] = r.secagg_dropped;
+      j["secagg_degree"] = r.secagg_degree;
+      j["secagg_threshold"] = r.secagg_threshold;
+      j["secagg_stage_bytes"] = r.secagg_stage_bytes;
+      if (options.secagg.noise_multiplier() > 0) {
+        j["dp_epsilon"] = r.dp_epsilon;
+        j["dp_delta"] = options.secagg.dp_delta();
+        j["dp_sampling_rate"] = r.dp_sampling_rate;
+        j["dp_expected_updates"] = r.dp_expected_updates;
+      }
+    }
     metrics->write(j.dump());
     return go_on;
   };

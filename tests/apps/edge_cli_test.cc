@@ -354,6 +354,7 @@ TEST_CASE(
     const std::string log = slurp(d / "agg.log");
     CHECK_THAT(log, Catch::Contains("federation complete after 3 rounds"));
     CHECK_THAT(log, Catch::Contains("secure aggregation: 3 survivors, 0 dropped"));
+    CHECK_THAT(slurp(d / "state" / "metrics.jsonl"), Catch::Contains("\"secagg_survivors\":3"));
     // What the aggregator keeps on disk: the global model, its checkpoint and the round metrics,
     // nothing of a client's (masked vectors live in memory, or in unlinked spill files).
     for (const auto& entry : fs::recursive_directory_iterator(d / "state")) {
