@@ -88,15 +88,15 @@ bool update_is_finite(const compress::EncodedUpdate& update) {
                      [](const compress::Segment& s) { return segment_is_finite(s); });
 }
 
-Status UpdateAccumulator::fold_stream(const compress::ReadAt& read, uint64_t total_bytes,
-                                      float weight) {
+// fold_stream's body; `fold(sum, weight, options)` folds the stream into `sum`.
+template <typename FoldInto>
+Status UpdateAccumulator::fold_stream_with(float weight, FoldInto&& fold) {
   if (rule_.rule == RobustRule::kMean) {
     MemorySum sum(sum_);
     StreamFoldOptions opt;
     opt.clip_norm = rule_.clip_norm;
     opt.threads = rule_.fold_threads;
-    ASSIGN_OR_RETURN(const StreamFoldResult r,
-                     fold_update_stream(read, total_bytes, sum, weight, opt));
+    ASSIGN_OR_RETURN(const StreamFoldResult r, fold(sum, weight, opt));
     if (r.clipped) ++clipped_;
     total_ += weight;
     ++count_;
@@ -109,13 +109,22 @@ Status UpdateAccumulator::fold_stream(const compress::ReadAt& read, uint64_t tot
   MemorySum decoded(scratch_);
   StreamFoldOptions opt;
   opt.threads = rule_.fold_threads;
-  RETURN_IF_ERROR(fold_update_stream(read, total_bytes, decoded, 1.0f, opt).status());
+  RETURN_IF_ERROR(fold(decoded, 1.0f, opt).status());
   return fold_decoded(weight);
+}
+
+Status UpdateAccumulator::fold_stream(const compress::ReadAt& read, uint64_t total_bytes,
+                                      float weight) {
+  return fold_stream_with(weight, [&](SumWindows& sum, float w, const StreamFoldOptions& opt) {
+    return fold_update_stream(read, total_bytes, sum, w, opt);
+  });
 }
 
 Status UpdateAccumulator::fold_payload(std::string_view bytes, float weight) {
   if (compress::is_update_stream(bytes)) {
-    return fold_stream(compress::read_from_memory(bytes), bytes.size(), weight);
+    return fold_stream_with(weight, [&](SumWindows& sum, float w, const StreamFoldOptions& opt) {
+      return fold_update_stream(bytes, sum, w, opt);
+    });
   }
   return fold_bytes(bytes, weight);
 }

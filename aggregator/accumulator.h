@@ -70,7 +70,8 @@ class UpdateAccumulator {
   // serves, folded a window at a time (aggregator/stream_fold.h); the robust rules decode it
   // into one model-sized vector as fold() does.
   Status fold_stream(const compress::ReadAt& read, uint64_t total_bytes, float weight);
-  // fold_stream for bytes that start with the stream magic, else fold_bytes.
+  // fold_stream for bytes that start with the stream magic (read in place, not copied), else
+  // fold_bytes.
   Status fold_payload(std::string_view bytes, float weight);
   Status fold(const compress::EncodedUpdate& update, float weight);
 
@@ -79,6 +80,10 @@ class UpdateAccumulator {
   void reset();
 
   std::span<const float> sum() const { return sum_; }
+  // The sum's storage, for a server that turns it into the round's step in place (mean_into
+  // may write into it too) rather than keep a second model-sized vector; reset() before the
+  // next fold.
+  std::span<float> mutable_sum() { return sum_; }
   double total_weight() const { return total_; }
   int count() const { return count_; }
   int clipped() const { return clipped_; }  // updates scaled down by clip_norm
@@ -88,6 +93,9 @@ class UpdateAccumulator {
  private:
   // Folds scratch_ (one decoded update) under the clip and robust rules.
   Status fold_decoded(float weight);
+  // fold_stream and fold_payload: `fold(sum, weight, options)` folds one stream into a sum.
+  template <typename FoldInto>
+  Status fold_stream_with(float weight, FoldInto&& fold);
 
   std::vector<float> sum_;
   AggregationRule rule_;

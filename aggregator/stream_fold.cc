@@ -99,9 +99,13 @@ Status FileSum::update(int64_t offset, int64_t n, const std::function<void(std::
       "the sum file " + path_);
 }
 
-Result<StreamFoldResult> fold_update_stream(const compress::ReadAt& read, uint64_t total_bytes,
-                                            SumWindows& sum, float weight,
-                                            const StreamFoldOptions& options) {
+namespace {
+
+// The fold of fold_update_stream; `memory`, when not null, is the whole payload, whose identity,
+// int8 and QSGD windows are then read in place rather than copied.
+Result<StreamFoldResult> fold_stream(const compress::ReadAt& read, uint64_t total_bytes,
+                                     const std::string_view* memory, SumWindows& sum, float weight,
+                                     const StreamFoldOptions& options) {
   if (!(weight > 0.0f) || !std::isfinite(weight)) {
     return invalid_argument("update weight " + std::to_string(weight) + " is not positive");
   }
@@ -122,6 +126,16 @@ Result<StreamFoldResult> fold_update_stream(const compress::ReadAt& read, uint64
   const Status checked =
       for_windows(windows, threads, [&](const Window& w, compress::Segment& win) {
         const auto& seg = layout.segments[w.segment];
+        if (memory != nullptr && compress::reads_in_place(seg.meta)) {
+          double s2 = 0.0;
+          const Status st = compress::check_window_in_place(*memory, seg, w.segment, w.begin, w.n,
+                                                            clip ? &s2 : nullptr);
+          if (!st.ok()) {
+            return st.code() == StatusCode::kDataLoss ? st.with_context("update rejected") : st;
+          }
+          norm2_of[static_cast<size_t>(&w - windows.data())] = s2;
+          return ok_status();
+        }
         RETURN_IF_ERROR(compress::load_stream_window(read, seg, w.begin, w.n, win));
         RETURN_IF_ERROR(compress::check_segment(win, w.segment), "update rejected");
         if (!segment_is_finite(win)) {
@@ -157,6 +171,11 @@ Result<StreamFoldResult> fold_update_stream(const compress::ReadAt& read, uint64
   const Status folded = for_windows(
       windows, in_memory ? threads : 1, [&](const Window& win_of, compress::Segment& win) {
         const auto& seg = layout.segments[win_of.segment];
+        if (memory != nullptr && compress::reads_in_place(seg.meta)) {
+          return sum.update(seg.meta.offset + win_of.begin, win_of.n, [&](std::span<float> dst) {
+            compress::add_window_in_place(*memory, seg, win_of.begin, win_of.n, dst.data(), w);
+          });
+        }
         RETURN_IF_ERROR(compress::load_stream_window(read, seg, win_of.begin, win_of.n, win));
         Status added = ok_status();
         const Status io =
@@ -167,6 +186,20 @@ Result<StreamFoldResult> fold_update_stream(const compress::ReadAt& read, uint64
       });
   RETURN_IF_ERROR(folded);
   return result;
+}
+
+}  // namespace
+
+Result<StreamFoldResult> fold_update_stream(const compress::ReadAt& read, uint64_t total_bytes,
+                                            SumWindows& sum, float weight,
+                                            const StreamFoldOptions& options) {
+  return fold_stream(read, total_bytes, nullptr, sum, weight, options);
+}
+
+Result<StreamFoldResult> fold_update_stream(std::string_view payload, SumWindows& sum, float weight,
+                                            const StreamFoldOptions& options) {
+  return fold_stream(compress::read_from_memory(payload), payload.size(), &payload, sum, weight,
+                     options);
 }
 
 }  // namespace starling::aggregator

@@ -83,5 +83,10 @@ struct StreamFoldResult {
 Result<StreamFoldResult> fold_update_stream(const compress::ReadAt& read, uint64_t total_bytes,
                                             SumWindows& sum, float weight,
                                             const StreamFoldOptions& options = {});
+// The same for a payload held whole in memory: identity, int8 and QSGD windows are checked and
+// folded in place (each byte read from memory once per pass, never copied), the other codecs'
+// windows loaded as above. The same sums, bit for bit.
+Result<StreamFoldResult> fold_update_stream(std::string_view payload, SumWindows& sum, float weight,
+                                            const StreamFoldOptions& options = {});
 
 }  // namespace starling::aggregator

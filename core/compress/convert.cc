@@ -273,6 +273,32 @@ __attribute__((target("avx2,f16c"))) void add_f16_avx2(const uint16_t* h, size_t
   }
   for (; i < n; ++i) dst[i] += weight * half_to_float(h[i]);
 }
+
+// The float kernels over bytes at any alignment (unaligned vector loads; a scalar tail through
+// memcpy), for arrays read in place from a received payload.
+__attribute__((target("avx2,f16c"))) bool has_nonfinite_bytes_avx2(const char* p, size_t n) {
+  __m256 bad0 = _mm256_setzero_ps(), bad1 = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const auto* f = reinterpret_cast<const float*>(p + 4 * i);
+    bad0 = _mm256_or_ps(bad0, nonfinite_mask(_mm256_loadu_ps(f)));
+    bad1 = _mm256_or_ps(bad1, nonfinite_mask(_mm256_loadu_ps(f + 8)));
+  }
+  uint32_t tail = 0;
+  for (; i < n; ++i) tail |= nonfinite(load_f32(p + 4 * i));
+  return (tail | static_cast<uint32_t>(_mm256_movemask_ps(_mm256_or_ps(bad0, bad1)))) != 0;
+}
+
+__attribute__((target("avx2,f16c"))) void add_f32_bytes_avx2(const char* p, size_t n, float* dst,
+                                                             float weight) {
+  const __m256 w = _mm256_set1_ps(weight);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(reinterpret_cast<const float*>(p + 4 * i));
+    _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_mul_ps(w, v)));
+  }
+  for (; i < n; ++i) dst[i] += weight * load_f32(p + 4 * i);
+}
 #endif
 
 }  // namespace
@@ -383,6 +409,22 @@ uint32_t copy_floats(std::span<const float> x, float* out) {
     out[i] = x[i];
   }
   return bad;
+}
+
+bool has_nonfinite_bytes(const char* p, size_t n) {
+#ifdef STARLING_COMPRESS_X86
+  if (has_avx2_f16c()) return has_nonfinite_bytes_avx2(p, n);
+#endif
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) bad |= nonfinite(load_f32(p + 4 * i));
+  return bad != 0;
+}
+
+void add_f32_bytes(const char* p, size_t n, float* dst, float weight) {
+#ifdef STARLING_COMPRESS_X86
+  if (has_avx2_f16c()) return add_f32_bytes_avx2(p, n, dst, weight);
+#endif
+  for (size_t i = 0; i < n; ++i) dst[i] += weight * load_f32(p + 4 * i);
 }
 
 void add_f32(std::span<const float> v, float* dst, float weight) {

@@ -345,4 +345,109 @@ Status load_stream_window(const ReadAt& read, const StreamSegment& seg, int64_t 
   }
 }
 
+bool reads_in_place(const Segment& meta) {
+  return meta.codec == CodecKind::kIdentity || meta.codec == CodecKind::kInt8 ||
+         meta.codec == CodecKind::kQsgd;
+}
+
+namespace {
+
+std::vector<float> scales_of_window(std::string_view payload, const StreamSegment& seg,
+                                    int64_t begin, int64_t n) {
+  const auto b = static_cast<uint64_t>(seg.meta.block);
+  std::vector<float> scales(blocks_of(n, seg.meta.block));
+  std::memcpy(scales.data(),
+              payload.data() + seg.at[kArrScales] + 4 * (static_cast<uint64_t>(begin) / b),
+              scales.size() * 4);
+  return scales;
+}
+
+}  // namespace
+
+Status check_window_in_place(std::string_view payload, const StreamSegment& seg, size_t index,
+                             int64_t begin, int64_t n, double* sum_sq) {
+  const Segment& m = seg.meta;
+  const auto ub = static_cast<uint64_t>(begin);
+  const auto un = static_cast<uint64_t>(n);
+  const auto bad_segment = [&](const std::string& what) {
+    return data_loss("segment " + std::to_string(index) + " (" +
+                     std::string(codec_kind_name(m.codec)) + "): " + what);
+  };
+  if (!reads_in_place(m) || begin < 0 || n < 0 || n > m.numel - begin) {
+    return invalid_argument("check_window_in_place: elements [" + std::to_string(begin) + ", +" +
+                            std::to_string(n) + ") of a " + std::string(codec_kind_name(m.codec)) +
+                            " segment of " + std::to_string(m.numel));
+  }
+  if (m.codec == CodecKind::kIdentity) {
+    if (seg.at[kArrF32] + 4 * (ub + un) > payload.size())
+      return bad_segment("values past the payload");
+    const char* p = payload.data() + seg.at[kArrF32] + 4 * ub;
+    if (internal::has_nonfinite_bytes(p, un)) {
+      return invalid_argument("update holds non-finite values (segment " + std::to_string(index) +
+                              ")");
+    }
+    if (sum_sq != nullptr) {
+      for (uint64_t i = 0; i < un; ++i) {
+        const float x = internal::load_f32(p + 4 * i);
+        *sum_sq += static_cast<double>(x) * x;
+      }
+    }
+    return ok_status();
+  }
+  // int8 and QSGD: codes in place, the window's scales copied (one float per block).
+  if (m.block < 1 || ub % static_cast<uint64_t>(m.block) != 0) {
+    return bad_segment("block must be >= 1 and divide the window start");
+  }
+  if (m.codec == CodecKind::kQsgd && (m.levels < 1 || m.levels > 127)) {
+    return bad_segment("levels must be in [1, 127]");
+  }
+  const uint64_t nblocks = blocks_of(n, m.block);
+  if (seg.at[kArrI8] + ub + un > payload.size() ||
+      seg.at[kArrScales] + 4 * (ub / static_cast<uint64_t>(m.block) + nblocks) > payload.size()) {
+    return bad_segment("arrays past the payload");
+  }
+  const std::vector<float> scales = scales_of_window(payload, seg, begin, n);
+  for (float f : scales) {
+    if (!(f >= 0.0f && f <= 3.4028235e38f)) return bad_segment("non-finite or negative scale");
+  }
+  const auto* q = reinterpret_cast<const int8_t*>(payload.data() + seg.at[kArrI8] + ub);
+  if (m.codec == CodecKind::kQsgd) {
+    const int lim = m.levels;
+    int bad_codes = 0;
+    for (uint64_t i = 0; i < un; ++i) bad_codes |= (q[i] > lim) | (q[i] < -lim);
+    if (bad_codes != 0) return bad_segment("code outside [-levels, levels]");
+  }
+  if (sum_sq != nullptr) {
+    // The decoded values as add_segment makes them: q * (scale * 1/levels).
+    const float inv_levels =
+        m.codec == CodecKind::kQsgd ? 1.0f / static_cast<float>(m.levels) : 1.0f;
+    const auto b = static_cast<uint64_t>(m.block);
+    for (uint64_t i = 0; i < un; ++i) {
+      const float v = static_cast<float>(q[i]) * (scales[i / b] * inv_levels);
+      *sum_sq += static_cast<double>(v) * v;
+    }
+  }
+  return ok_status();
+}
+
+void add_window_in_place(std::string_view payload, const StreamSegment& seg, int64_t begin,
+                         int64_t n, float* dst, float weight) {
+  const Segment& m = seg.meta;
+  const auto ub = static_cast<uint64_t>(begin);
+  const auto un = static_cast<uint64_t>(n);
+  if (m.codec == CodecKind::kIdentity) {
+    internal::add_f32_bytes(payload.data() + seg.at[kArrF32] + 4 * ub, un, dst, weight);
+    return;
+  }
+  const std::vector<float> scales = scales_of_window(payload, seg, begin, n);
+  const auto* q = reinterpret_cast<const int8_t*>(payload.data() + seg.at[kArrI8] + ub);
+  const float inv_levels = m.codec == CodecKind::kQsgd ? 1.0f / static_cast<float>(m.levels) : 1.0f;
+  const auto b = static_cast<uint64_t>(m.block);
+  for (uint64_t start = 0, blk = 0; start < un; start += b, ++blk) {
+    const uint64_t len = std::min(un - start, b);
+    internal::add_i8(std::span<const int8_t>(q + start, len), scales[blk] * inv_levels, dst + start,
+                     weight);
+  }
+}
+
 }  // namespace starling::compress

@@ -100,4 +100,19 @@ Status load_stream_window(const ReadAt& read, const StreamSegment& seg, int64_t 
 // of the block) when it can be loaded in parts of about `target` elements, else 0.
 int64_t stream_window_elements(const Segment& meta, int64_t target);
 
+// Windows of a payload held whole in memory, read in place instead of copied (arrays at any
+// alignment): for identity, int8 and QSGD segments, the checks of load_stream_window +
+// check_segment + a finite test, and the arithmetic of decode_add_segment, so a fold gives the
+// same bits either way. Windows start where load_stream_window allows.
+bool reads_in_place(const Segment& meta);
+// Checks elements [begin, begin + n) of segment `index`: DataLoss naming the segment for a bad
+// scale or code, InvalidArgument "update holds non-finite values (segment i)" for a non-finite
+// value; when sum_sq is not null, adds the squares of the decoded values to it, in element order
+// in double (as a decode into zeros and a loop over it would).
+Status check_window_in_place(std::string_view payload, const StreamSegment& seg, size_t index,
+                             int64_t begin, int64_t n, double* sum_sq);
+// dst[i] += weight * decoded element begin + i. REQUIRES: check_window_in_place passed.
+void add_window_in_place(std::string_view payload, const StreamSegment& seg, int64_t begin,
+                         int64_t n, float* dst, float weight);
+
 }  // namespace starling::compress

@@ -38,9 +38,15 @@ TEST_CASE("a streamed fold equals decode_add bit for bit, in any window size and
       "topk:ratio=0.1", "randk:ratio=0.1,values=int8,block=8", "powersgd:rank=3", "sign");
   const int64_t window = GENERATE(int64_t{1}, int64_t{7}, int64_t{64}, int64_t{100000});
   const int threads = GENERATE(1, 3);
-  INFO(spec << " window " << window << " threads " << threads);
+  // -1: through a ReadAt (windows copied); else in place, the payload `shift` bytes into its
+  // buffer, so that its arrays lie at every alignment.
+  const int shift = GENERATE(-1, 0, 1, 2, 3);
+  INFO(spec << " window " << window << " threads " << threads << " shift " << shift);
   const auto enc = encode_or_die(spec, gaussian(2043, 6));
   const std::string bytes = compress::UpdateStreamWriter(enc).serialize();
+  const std::string shifted = std::string(static_cast<size_t>(std::max(shift, 0)), '\0') + bytes;
+  const std::string_view in_place =
+      std::string_view(shifted).substr(static_cast<size_t>(std::max(shift, 0)));
   const auto base = gaussian(2043, 7);
   auto want = base;
   REQUIRE(compress::decode_add(enc, want, 0.3f).ok());
@@ -49,7 +55,9 @@ TEST_CASE("a streamed fold equals decode_add bit for bit, in any window size and
   StreamFoldOptions opt;
   opt.window_elements = window;
   opt.threads = threads;
-  auto r = fold_update_stream(compress::read_from_memory(bytes), bytes.size(), sum, 0.3f, opt);
+  auto r = shift < 0
+               ? fold_update_stream(compress::read_from_memory(bytes), bytes.size(), sum, 0.3f, opt)
+               : fold_update_stream(in_place, sum, 0.3f, opt);
   REQUIRE(r.ok());
   CHECK(r->numel == 2043);
   CHECK(got == want);
@@ -94,9 +102,13 @@ TEST_CASE("a bad update anywhere in a stream leaves the sum unchanged", "[aggreg
   opt.window_elements = 16;
   opt.threads =
       GENERATE(1, 4);  // the first bad window in order is the error, whatever the schedule
+  const bool in_place = GENERATE(false, true);  // windows copied, or read in place
+  opt.clip_norm = GENERATE(0.0, 3.0);
   auto fold = [&](const compress::EncodedUpdate& u, float w) {
     const std::string bytes = compress::UpdateStreamWriter(u).serialize();
-    return fold_update_stream(compress::read_from_memory(bytes), bytes.size(), sum, w, opt)
+    return (in_place
+                ? fold_update_stream(bytes, sum, w, opt)
+                : fold_update_stream(compress::read_from_memory(bytes), bytes.size(), sum, w, opt))
         .status();
   };
   SECTION("NaN in the last window") {
@@ -115,6 +127,23 @@ TEST_CASE("a bad update anywhere in a stream leaves the sum unchanged", "[aggreg
     q.segments[0].scales[30] = -1.0f;
     CHECK_THAT(fold(q, 1.0f).message(), Catch::Contains("scale"));
   }
+  SECTION("an int8 scale that is NaN") {
+    auto q = encode_or_die("int8:block=64", gaussian(2043, 3));
+    q.segments[0].scales[2] = std::numeric_limits<float>::quiet_NaN();
+    const Status st = fold(q, 1.0f);
+    CHECK(st.code() == StatusCode::kDataLoss);
+    CHECK_THAT(st.message(), Catch::Contains("segment 0 (int8)") && Catch::Contains("scale"));
+  }
+  SECTION("a QSGD code beyond its levels") {
+    auto q = encode_or_die("qsgd:levels=8,bucket=50", gaussian(2043, 3));
+    q.segments[1].i8[7] = 9;
+    CHECK_THAT(fold(q, 1.0f).message(), Catch::Contains("levels"));
+  }
+  SECTION("an infinite value in the first window") {
+    enc.segments[0].f32[3] = std::numeric_limits<float>::infinity();
+    CHECK_THAT(fold(enc, 1.0f).message(),
+               Catch::Contains("non-finite") && Catch::Contains("segment 0"));
+  }
   SECTION("top-k indices out of order") {
     auto t = encode_or_die("topk:ratio=0.1", gaussian(2043, 3));
     std::swap(t.segments[0].indices[3], t.segments[0].indices[4]);
@@ -131,6 +160,7 @@ TEST_CASE("a bad update anywhere in a stream leaves the sum unchanged", "[aggreg
   SECTION("a protobuf update is not a stream") {
     const std::string pb = compress::serialize_update(enc);
     CHECK_FALSE(fold_update_stream(compress::read_from_memory(pb), pb.size(), sum, 1.0f, opt).ok());
+    CHECK_FALSE(fold_update_stream(pb, sum, 1.0f, opt).ok());
   }
   CHECK(sum_values == std::vector<float>(2043, 1.0f));
 }

@@ -4,6 +4,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -38,6 +39,15 @@ inline uint32_t nonfinite(float v) {
   return ((std::bit_cast<uint32_t>(v) & 0x7fffffffu) + 0x00800000u) & 0x80000000u;
 }
 bool has_nonfinite(std::span<const float> x);
+// The float at p, at any alignment.
+inline float load_f32(const char* p) {
+  float v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+// has_nonfinite and add_f32 for n floats stored at p, at any alignment (arrays read in place).
+bool has_nonfinite_bytes(const char* p, size_t n);
+void add_f32_bytes(const char* p, size_t n, float* dst, float weight);
 // out[i] = x[i]; returns nonzero when x holds a non-finite value.
 uint32_t copy_floats(std::span<const float> x, float* out);
 
