@@ -121,12 +121,13 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       : io(io_ctx),
         options(std::move(opts)),
         layout(std::move(lay)),
-        global(std::move(initial)),
+        global_bytes(take_f32_bytes(initial)),
+        global(float_view(*global_bytes)),
         optimizer(options.strategy, static_cast<int64_t>(global.size())),
         accumulator(static_cast<int64_t>(global.size()), options.rule),
-        delta(global.size()),
         hook(std::move(h)),
-        deadline_timer(io_ctx) {
+        deadline_timer(io_ctx),
+        heartbeat_timer(io_ctx) {
     if (options.dp.enabled()) accountant.emplace();
     if (secagg_dp()) skellam.emplace();
   }
@@ -134,10 +135,14 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   asio::io_context& io;
   AggregatorOptions options;
   compress::Layout layout;
-  std::vector<float> global;
+  // The global model: its f32 bytes, which every download sends from this one buffer (shared
+  // with the downloads in flight), and a float view of them. A step writes a copy only while a
+  // download of the old model still holds the buffer (own_global()), so the server keeps one
+  // model, not a model and its payload.
+  std::shared_ptr<std::string> global_bytes;
+  std::span<float> global;
   ServerOptimizer optimizer;
   UpdateAccumulator accumulator;
-  std::vector<float> delta;
   RoundHook hook;
   std::optional<RdpAccountant> accountant;   // central DP only
   std::optional<SkellamAccountant> skellam;  // distributed DP (secure aggregation) only
@@ -149,6 +154,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   double dp_expected = 0.0;
   std::unique_ptr<net::Server> server;
   asio::steady_timer deadline_timer;
+  asio::steady_timer heartbeat_timer;
 
   uint64_t upload_memory_used = 0;  // declared before sessions: their reservations point here
   // Turns for model downloads; declared before sessions, whose pumps give slots back.
@@ -179,9 +185,6 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   double staleness_sum = 0.0;  // FedBuff, this round
   uint64_t staleness_max = 0;
   Clock::time_point started;
-  // The model payload of the current version, shared by every dispatch.
-  std::shared_ptr<const std::string> model_bytes;
-  uint64_t payload_version = ~0ull;
   uint64_t dispatches = 0;
 
   bool async() const { return options.buffer_size > 0; }
@@ -224,7 +227,9 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       RETURN_IF_ERROR(a.restore(std::move(st->dp_rdp)),
                       "resuming the DP accountant from " + options.state_dir);
     }
-    global = std::move(st->global);
+    global_bytes.reset();  // the initial model goes before the saved one is copied in
+    global_bytes = take_f32_bytes(st->global);
+    global = float_view(*global_bytes);
     round = st->round;
     version = st->model_version;
     spdlog::info("aggregator: resumed from {} after round {}", options.state_dir, round);
@@ -364,13 +369,30 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     });
   }
 
-  std::shared_ptr<const std::string> model_payload() {
-    if (!model_bytes || payload_version != version) {
-      model_bytes = std::make_shared<const std::string>(edge_client::to_f32_bytes(global));
-      payload_version = version;
-    }
-    return model_bytes;
+  // `values` as f32 bytes; frees `values` at once, so that the model is not held twice while
+  // the rest of the server is built.
+  static std::shared_ptr<std::string> take_f32_bytes(std::vector<float>& values) {
+    auto bytes = std::make_shared<std::string>(edge_client::to_f32_bytes(values));
+    std::vector<float>().swap(values);  // (= {} would keep the capacity)
+    return bytes;
   }
+  static std::span<float> float_view(std::string& bytes) {
+    return {reinterpret_cast<float*>(bytes.data()), bytes.size() / sizeof(float)};
+  }
+  void set_global(std::span<const float> values) {
+    global_bytes = std::make_shared<std::string>(edge_client::to_f32_bytes(values));
+    global = float_view(*global_bytes);
+  }
+  // Before the model changes: downloads still sending it keep the old buffer (finished ones
+  // let go of it first; their chunks were copied into frames).
+  void own_global() {
+    for (auto& [sid, s] : sessions) {
+      if (s.pump && s.pump->done()) s.pump.reset();
+    }
+    if (global_bytes.use_count() > 1) set_global(global);
+  }
+  // The model payload of the current version, shared by every dispatch.
+  std::shared_ptr<const std::string> model_payload() const { return global_bytes; }
 
   void dispatch(Session& s) {
     send_plan(s);
@@ -379,6 +401,10 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
 
   void send_plan(Session& s) {
     s.selected = true;
+    // The client trains on its I/O thread, silent (no heartbeats) until it uploads: its
+    // connection may stay quiet until the round's deadline, and a minute more.
+    s.conn->set_idle_deadline(std::max(options.server.connection.deadlines.idle,
+                                       options.round_deadline + std::chrono::minutes(1)));
     s.submitted = false;
     reset_upload(s);
     s.base_version = version;
@@ -843,6 +869,9 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     const secagg::Quantizer q = secagg::quantizer_of(options.secagg);
     std::vector<float> summed(sum->size());
     q.dequantize_sum(*sum, summed);
+    // The step goes where a plain round's sum would be (the accumulator is idle in a secure
+    // round), so that no second model-sized vector is kept.
+    const std::span<float> delta = accumulator.mutable_sum();
     secagg::scatter(sa->coords, summed, delta);
     const auto survivors = static_cast<double>(sa->server->survivors().size());
     const double denominator = skellam ? std::max(dp_expected, 1e-12) : survivors;
@@ -1072,7 +1101,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
           },
           total, s.weight);
     } else if (stream) {
-      st = accumulator.fold_stream(compress::read_from_memory(payload), payload.size(), s.weight);
+      st = accumulator.fold_payload(payload, s.weight);
     } else {
       st = accumulator.fold_bytes(payload, s.weight);
     }
@@ -1131,6 +1160,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       for (auto& [sid, s] : sessions) {
         s.selected = false;
         reset_upload(s);
+        s.conn->set_idle_deadline(options.server.connection.deadlines.idle);
       }
     }
     RoundReport report;
@@ -1151,6 +1181,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     report.receive_gbps =
         report.seconds > 0 ? static_cast<double>(bytes_in) / report.seconds / 1e9 : 0.0;
 
+    // The round's step, made in place in the accumulator's sum (reset before the next fold).
+    const std::span<float> delta = accumulator.mutable_sum();
     if (sa) {
       // finish_secagg() has set delta from the unmasked sum.
       sa->timer.cancel();
@@ -1175,10 +1207,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       // Fixed denominator: the expected number of updates, so that one client's influence on
       // the mean is at most clip_norm / expected whatever the others sent.
       const double expected = std::max(dp_expected, 1e-12);
-      const auto sum = accumulator.sum();
-      for (size_t i = 0; i < delta.size(); ++i) {
-        delta[i] = static_cast<float>(sum[i] / expected);
-      }
+      for (float& v : delta) v = static_cast<float>(v / expected);
       const double noise_std = options.dp.noise_multiplier * options.dp.clip_norm / expected;
       const Status noised = dp_source->add_gaussian(delta, noise_std);
       if (!noised.ok()) {
@@ -1193,15 +1222,15 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       report.dp_epsilon = accountant->spent(options.dp.delta).epsilon;
     } else if (async() && options.rule.rule == RobustRule::kMean) {
       // FedBuff: the staleness-weighted sum over K, the updates in the buffer.
-      const auto sum = accumulator.sum();
       const double k = accumulator.count();
-      for (size_t i = 0; i < delta.size(); ++i) delta[i] = static_cast<float>(sum[i] / k);
+      for (float& v : delta) v = static_cast<float>(v / k);
       report.mean_staleness = staleness_sum / k;
       report.max_staleness = staleness_max;
     } else {
       accumulator.mean_into(delta);
       report.excluded = accumulator.excluded();
     }
+    own_global();
     optimizer.apply(global, delta);
     crash_point("stepped");
     ++round;
@@ -1212,7 +1241,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       st.round = round;
       st.model_version = version;
       st.strategy = std::string(strategy_name(options.strategy.kind));
-      st.global = global;
+      st.global.assign(global.begin(), global.end());
       for (auto& [name, slot] : optimizer.slots()) st.slots.emplace_back(name, *slot);
       if (accountant) st.dp_rdp.assign(accountant->rdp().begin(), accountant->rdp().end());
       if (skellam) st.dp_rdp.assign(skellam->rdp().begin(), skellam->rdp().end());
@@ -1298,8 +1327,25 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     s.conn->close();
   }
 
+  // Heartbeats to the registered clients every heartbeat_interval until the federation ends.
+  void schedule_heartbeat() {
+    if (options.heartbeat_interval.count() <= 0 || done) return;
+    heartbeat_timer.expires_after(options.heartbeat_interval);
+    heartbeat_timer.async_wait([weak = weak_from_this()](const asio::error_code& ec) {
+      auto self = weak.lock();
+      if (ec || !self || self->done) return;
+      v1::Envelope hb;
+      hb.mutable_heartbeat()->set_sent_unix_ms(unix_ms_after(std::chrono::milliseconds(0)));
+      for (auto& [sid, s] : self->sessions) {
+        if (s.registered && s.conn->is_open()) (void)s.conn->send(hb);
+      }
+      self->schedule_heartbeat();
+    });
+  }
+
   void finish() {
     done = true;
+    heartbeat_timer.cancel();
     for (auto& [sid, s] : sessions) finish_session(s);
     spdlog::info("aggregator: federation complete after {} rounds", round);
   }
@@ -1350,6 +1396,7 @@ Result<std::unique_ptr<Aggregator>> Aggregator::create(asio::io_context& io,
   auto impl = std::make_shared<Impl>(io, std::move(options), std::move(layout), std::move(initial),
                                      std::move(hook));
   RETURN_IF_ERROR(impl->resume());
+  impl->schedule_heartbeat();
   std::weak_ptr<Impl> weak = impl;
   ASSIGN_OR_RETURN(
       impl->server,
@@ -1373,6 +1420,7 @@ Aggregator::~Aggregator() {
   if (!impl_) return;
   impl_->server->stop();
   impl_->deadline_timer.cancel();
+  impl_->heartbeat_timer.cancel();
   if (impl_->sa) impl_->sa->timer.cancel();
   auto sessions = std::move(impl_->sessions);
   impl_->sessions.clear();

@@ -130,6 +130,11 @@ struct AggregatorOptions {
   // next one (a client that stalls or vanishes mid-upload cannot hold a turn for the
   // connection's idle timeout). Chunks sent before the grant reject the upload.
   std::chrono::milliseconds upload_stall_timeout{30'000};
+  // A Heartbeat to every registered client this often (0: none), so that a client waiting for
+  // a round, for its model download or for its upload turn does not take the quiet aggregator
+  // for gone (net::Deadlines::idle, 120 s by default). Clients send theirs likewise
+  // (EdgeClientOptions::heartbeat_interval).
+  std::chrono::milliseconds heartbeat_interval{30'000};
 };
 
 // FedBuff's staleness discount s(tau) = 1 / sqrt(1 + tau) (Nguyen et al. 2022, Section 5).

@@ -26,7 +26,8 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
         options(std::move(o)),
         trainer(t),
         backoff(options.backoff, Rng(options.seed).fork(1)),
-        retry_timer(io_ctx) {
+        retry_timer(io_ctx),
+        heartbeat_timer(io_ctx) {
     const auto n = compress::validate_layout(trainer.layout());
     numel = n.ok() ? *n : 0;
   }
@@ -37,6 +38,7 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
   LocalTrainer& trainer;
   net::Backoff backoff;
   asio::steady_timer retry_timer;
+  asio::steady_timer heartbeat_timer;
   int64_t numel = 0;
 
   std::shared_ptr<net::Connection> conn;
@@ -149,6 +151,37 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     });
   }
 
+  // The round trains on this thread, so neither heartbeats nor the aggregator's frames are
+  // read meanwhile: until the round's deadline (and a minute more) the aggregator's silence is
+  // no sign that it is gone.
+  void quiet_until_round_deadline() {
+    const auto now_ms =
+        static_cast<int64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count());
+    const auto left = std::chrono::milliseconds(
+        std::max<int64_t>(0, static_cast<int64_t>(plan->deadline_unix_ms()) - now_ms));
+    conn->set_idle_deadline(
+        std::max(options.connect.connection.deadlines.idle, left + std::chrono::minutes(1)));
+  }
+
+  // Heartbeats on the current connection, every heartbeat_interval until it closes.
+  void schedule_heartbeat() {
+    if (options.heartbeat_interval.count() <= 0) return;
+    heartbeat_timer.expires_after(options.heartbeat_interval);
+    heartbeat_timer.async_wait([weak = weak_from_this(), c = conn](const asio::error_code& ec) {
+      auto self = weak.lock();
+      if (ec || !self || self->stopped || self->conn != c || !c->is_open()) return;
+      v1::Envelope hb;
+      hb.mutable_heartbeat()->set_sent_unix_ms(
+          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count()));
+      (void)c->send(hb);  // a full send queue is traffic enough
+      self->schedule_heartbeat();
+    });
+  }
+
   // Leaves the federation for condition_poll: the aggregator treats it as a dropped client.
   void decline(const std::string& why) {
     ++declined;
@@ -217,6 +250,7 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
         {"identity", "fp16", "bf16", "int8", "qsgd", "topk", "randk", "powersgd", "sign"},
         wire::kDefaultMaxFrameBytes);
     (void)conn->send(hello);
+    schedule_heartbeat();
   }
 
   void fail(const Status& st) {
@@ -228,6 +262,7 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
 
   void on_close(const Status& st) {
     conn.reset();
+    heartbeat_timer.cancel();
     sa.reset();  // the aggregator lost us for this round: its session ends with the connection
     sa_ciphertexts.reset();
     rx.reset();
@@ -259,6 +294,7 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
         if (!server_hello) return fail(failed_precondition("round plan before Hello"));
         plan = e.round_plan();
         plan_at = std::chrono::steady_clock::now();
+        quiet_until_round_deadline();
         rx.reset();
         sa.reset();
         sa_ciphertexts.reset();
@@ -286,6 +322,7 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
                           options.node_id, upload_round, total, upload_train_seconds,
                           total > 0 ? 100.0 * (total - upload_train_seconds) / total : 0.0);
             save_state();
+            conn->set_idle_deadline(options.connect.connection.deadlines.idle);
           } else if (!pump->started()) {
             pump->start();  // the aggregator's turn for this upload (an ack from index 0)
           } else {
@@ -533,6 +570,7 @@ EdgeClient::EdgeClient(asio::io_context& io, std::shared_ptr<asio::ssl::context>
 EdgeClient::~EdgeClient() {
   impl_->stopped = true;
   impl_->retry_timer.cancel();
+  impl_->heartbeat_timer.cancel();
   if (impl_->conn) impl_->conn->abort(Status(StatusCode::kCancelled, "client destroyed"));
 }
 
@@ -542,6 +580,7 @@ void EdgeClient::start() {
 void EdgeClient::stop() {
   impl_->stopped = true;
   impl_->retry_timer.cancel();
+  impl_->heartbeat_timer.cancel();
   if (impl_->conn) impl_->conn->close();
 }
 bool EdgeClient::finished() const { return impl_->finished; }

@@ -59,6 +59,10 @@ struct EdgeClientOptions {
   TrainingCondition condition;
   std::chrono::milliseconds condition_poll{30'000};
   uint64_t upload_bytes_per_second = 0;  // 0: no cap
+  // A Heartbeat this often while connected and the io thread is free (0: none), so that a
+  // client waiting for a round or for its upload turn is not taken for gone by the
+  // aggregator's idle deadline (net::Deadlines::idle, 120 s by default).
+  std::chrono::milliseconds heartbeat_interval{30'000};
   // Error-feedback residuals and round counters, saved atomically whenever the aggregator
   // acknowledges an update and restored on start (empty: kept in memory only).
   std::string state_path;

@@ -163,6 +163,15 @@ void Connection::arm_read_deadline() {
   wait_read_deadline();
 }
 
+void Connection::set_idle_deadline(Millis idle) {
+  options_.deadlines.idle = idle;
+  if (frame_in_progress_ || !read_timer_armed_ || closed_) return;
+  read_deadline_ = Clock::now() + idle;
+  if (read_timer_.expiry() <= read_deadline_) return;  // it fires earlier and looks again
+  read_timer_.expires_at(read_deadline_);
+  wait_read_deadline();
+}
+
 void Connection::arm_trim() {
   if (trim_armed_ || closed_ || (decoder_.capacity() == 0 && spare_.empty())) return;
   trim_armed_ = true;
@@ -205,6 +214,14 @@ void Connection::wait_read_deadline() {
     }
     const bool mid = self->frame_in_progress_;
     const auto limit = mid ? self->options_.deadlines.frame : self->options_.deadlines.idle;
+    // Bytes waiting on the socket: the peer spoke, and this thread was busy (a client trains
+    // on its I/O thread) and has not read them yet. Not idle; look again a deadline from now.
+    asio::error_code avail_ec;
+    if (!mid && self->stream_->lowest_layer().available(avail_ec) > 0 && !avail_ec) {
+      self->read_deadline_ = Clock::now() + limit;
+      self->read_timer_.expires_at(self->read_deadline_);
+      return self->wait_read_deadline();
+    }
     self->fail(deadline_exceeded(std::string(mid ? "frame from " : "no frame from ") +
                                  self->peer_.describe() + (mid ? " incomplete after " : " for ") +
                                  std::to_string(limit.count()) + " ms"));

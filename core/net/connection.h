@@ -76,6 +76,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Status send_chunk(const wire::ChunkView& chunk);
   // Called whenever the send queue becomes empty.
   void set_drain_handler(std::function<void()> on_drain) { on_drain_ = std::move(on_drain); }
+  // From now on a peer may stay silent for `idle` (Deadlines::idle) before it is taken for
+  // gone, counted from this call: for a peer that is known to be busy for a while (a client
+  // training its round on its I/O thread).
+  void set_idle_deadline(Millis idle);
+  Millis idle_deadline() const { return options_.deadlines.idle; }
   // Sends what is queued (within the frame deadline), then closes TLS and the socket.
   void close();
   // Closes at once with `reason` (passed to the close handler).

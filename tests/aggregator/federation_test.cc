@@ -7,9 +7,11 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <thread>
 
 #include "aggregator/aggregator.h"
 #include "aggregator/monitor.h"
@@ -120,8 +122,12 @@ struct Federation {
   }
 
   std::unique_ptr<EdgeClient> start_client(asio::io_context& io, int k, uint16_t port,
-                                           LocalTrainer& trainer) {
+                                           LocalTrainer& trainer,
+                                           milliseconds heartbeat = milliseconds(30'000),
+                                           milliseconds idle = milliseconds(120'000)) {
     EdgeClientOptions o;
+    o.heartbeat_interval = heartbeat;
+    o.connect.connection.deadlines.idle = idle;
     o.connect.host = "127.0.0.1";
     o.connect.port = port;
     o.connect.server_name = "localhost";
@@ -248,6 +254,108 @@ TEST_CASE("uploads and downloads taking turns one at a time still average bit fo
     CHECK(r.updates == 4);
     CHECK(r.most_uploads_streaming == 1);
   }
+}
+
+TEST_CASE("heartbeats keep a waiting client and its aggregator past their idle deadlines",
+          "[net]") {
+  Federation fed;
+  asio::io_context io;
+  auto o = fed.options(1);
+  // Client 0 waits 1.5 s for the other three, both ends quiet but for their heartbeats. With
+  // none from one side, the other drops the connection after 400 ms and the client has to
+  // reconnect.
+  const std::string heartbeats = GENERATE(as<std::string>{}, "both", "client only", "server only");
+  INFO("heartbeats: " << heartbeats);
+  o.server.connection.deadlines.idle = milliseconds(400);
+  o.heartbeat_interval = heartbeats == "client only" ? milliseconds(0) : milliseconds(100);
+  auto agg = fed.start_aggregator(io, o);
+  std::vector<std::unique_ptr<FormulaTrainer>> trainers;
+  for (int k = 0; k < 4; ++k) trainers.push_back(std::make_unique<FormulaTrainer>(k));
+  std::vector<std::unique_ptr<EdgeClient>> clients;
+  clients.push_back(fed.start_client(
+      io, 0, agg->port(), *trainers[0],
+      heartbeats == "server only" ? milliseconds(0) : milliseconds(100), milliseconds(400)));
+  io.run_for(milliseconds(1500));
+  for (int k = 1; k < 4; ++k) {
+    clients.push_back(fed.start_client(io, k, agg->port(), *trainers[static_cast<size_t>(k)]));
+  }
+  REQUIRE(run_until(io, kWait, [&] {
+    return agg->done() &&
+           std::all_of(clients.begin(), clients.end(), [](const auto& c) { return c->finished(); });
+  }));
+  CHECK(agg->error().ok());
+  CHECK(bit_equal(agg->global(), expected_fedavg(1)));
+  if (heartbeats == "both") {
+    CHECK(clients[0]->connections() == 1);
+  } else {
+    CHECK(clients[0]->connections() > 1);
+  }
+}
+
+// Trains as FormulaTrainer after blocking its thread (the client's I/O thread, and here every
+// client's and the aggregator's) for `sleep`.
+class SlowTrainer : public FormulaTrainer {
+ public:
+  SlowTrainer(int k, milliseconds sleep) : FormulaTrainer(k), sleep_(sleep) {}
+  Result<TrainReport> train(std::span<const float> global, const v1::RoundPlan& plan,
+                            std::span<float> delta) override {
+    std::this_thread::sleep_for(sleep_);
+    return FormulaTrainer::train(global, plan, delta);
+  }
+
+ private:
+  milliseconds sleep_;
+};
+
+TEST_CASE("a round that trains longer than the idle deadlines keeps its connections", "[net]") {
+  Federation fed;
+  asio::io_context io;
+  auto o = fed.options(1);
+  o.server.connection.deadlines.idle = milliseconds(400);
+  auto agg = fed.start_aggregator(io, o);
+  std::vector<std::unique_ptr<SlowTrainer>> trainers;
+  std::vector<std::unique_ptr<EdgeClient>> clients;
+  for (int k = 0; k < 4; ++k) {
+    trainers.push_back(std::make_unique<SlowTrainer>(k, milliseconds(700)));
+    clients.push_back(fed.start_client(io, k, agg->port(), *trainers.back(), milliseconds(30'000),
+                                       milliseconds(400)));
+  }
+  REQUIRE(run_until(io, kWait, [&] {
+    return agg->done() &&
+           std::all_of(clients.begin(), clients.end(), [](const auto& c) { return c->finished(); });
+  }));
+  CHECK(agg->error().ok());
+  CHECK(bit_equal(agg->global(), expected_fedavg(1)));
+  for (const auto& c : clients) CHECK(c->connections() == 1);
+}
+
+// Resident bytes of this process now (/proc/self/statm).
+uint64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+TEST_CASE("the aggregator holds the model once, beside its sum", "[net]") {
+  // The download payload is the model's own buffer, the step is made in the sum, and the
+  // initial model is let go once copied: two model-sized buffers, not three or four.
+  constexpr int64_t n = int64_t{16} << 20;  // 64 MiB of float32
+  constexpr uint64_t model_bytes = uint64_t{n} * 4;
+  Federation fed;
+  asio::io_context io;
+  const uint64_t before = resident_bytes();
+  auto agg = Aggregator::create(io, ctx_of(fed.pki, fed.server, net::TlsSide::kServer),
+                                fed.options(1), compress::flat_layout(n),
+                                std::vector<float>(static_cast<size_t>(n), 0.25f));
+  REQUIRE(agg.ok());
+  const uint64_t grew = resident_bytes() - before;
+  INFO("resident memory grew by " << (grew >> 20) << " MiB for a 64 MiB model");
+  CHECK(grew >= 2 * model_bytes - (1u << 20));
+#if !defined(__SANITIZE_ADDRESS__)  // ASan keeps freed memory resident in its quarantine
+  CHECK(grew <= 2 * model_bytes + (16u << 20));
+#endif
+  CHECK((*agg)->global()[static_cast<size_t>(n) - 1] == 0.25f);
 }
 
 TEST_CASE("a client that fails mid-round is tolerated", "[net]") {
