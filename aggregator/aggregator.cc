@@ -1334,8 +1334,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     heartbeat_timer.async_wait([weak = weak_from_this()](const asio::error_code& ec) {
       auto self = weak.lock();
       if (ec || !self || self->done) return;
-      v1::Envelope hb;
-      hb.mutable_heartbeat()->set_sent_unix_ms(unix_ms_after(std::chrono::milliseconds(0)));
+      const v1::Envelope hb = net::make_heartbeat();
       for (auto& [sid, s] : self->sessions) {
         if (s.registered && s.conn->is_open()) (void)s.conn->send(hb);
       }

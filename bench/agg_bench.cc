@@ -219,9 +219,7 @@ struct FakeClient {
     heartbeat.expires_after(std::chrono::seconds(20));
     heartbeat.async_wait([this](const asio::error_code& ec) {
       if (ec || done || !conn) return;
-      v1::Envelope hb;
-      hb.mutable_heartbeat()->set_sent_unix_ms(1);
-      (void)conn->send(hb);
+      (void)conn->send(net::make_heartbeat());
       beat();
     });
   }

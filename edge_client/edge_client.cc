@@ -155,12 +155,9 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
   // read meanwhile: until the round's deadline (and a minute more) the aggregator's silence is
   // no sign that it is gone.
   void quiet_until_round_deadline() {
-    const auto now_ms =
-        static_cast<int64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 std::chrono::system_clock::now().time_since_epoch())
-                                 .count());
+    const uint64_t now_ms = net::unix_now_ms();
     const auto left = std::chrono::milliseconds(
-        std::max<int64_t>(0, static_cast<int64_t>(plan->deadline_unix_ms()) - now_ms));
+        plan->deadline_unix_ms() > now_ms ? plan->deadline_unix_ms() - now_ms : 0);
     conn->set_idle_deadline(
         std::max(options.connect.connection.deadlines.idle, left + std::chrono::minutes(1)));
   }
@@ -172,12 +169,7 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     heartbeat_timer.async_wait([weak = weak_from_this(), c = conn](const asio::error_code& ec) {
       auto self = weak.lock();
       if (ec || !self || self->stopped || self->conn != c || !c->is_open()) return;
-      v1::Envelope hb;
-      hb.mutable_heartbeat()->set_sent_unix_ms(
-          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    std::chrono::system_clock::now().time_since_epoch())
-                                    .count()));
-      (void)c->send(hb);  // a full send queue is traffic enough
+      (void)c->send(net::make_heartbeat());  // a full send queue is traffic enough
       self->schedule_heartbeat();
     });
   }

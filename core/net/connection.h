@@ -80,7 +80,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // gone, counted from this call: for a peer that is known to be busy for a while (a client
   // training its round on its I/O thread).
   void set_idle_deadline(Millis idle);
-  Millis idle_deadline() const { return options_.deadlines.idle; }
   // Sends what is queued (within the frame deadline), then closes TLS and the socket.
   void close();
   // Closes at once with `reason` (passed to the close handler).

@@ -2,6 +2,7 @@
 #include "core/net/hello.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/wire/envelope.h"
 
@@ -48,6 +49,18 @@ Result<std::string> negotiate_codec(const std::vector<std::string>& ours, const 
     }
   }
   return not_found("no codec in common with '" + theirs.node_id() + "'");
+}
+
+uint64_t unix_now_ms() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+v1::Envelope make_heartbeat() {
+  v1::Envelope e;
+  e.mutable_heartbeat()->set_sent_unix_ms(unix_now_ms());
+  return e;
 }
 
 }  // namespace starling::net

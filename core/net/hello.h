@@ -21,6 +21,12 @@ v1::Hello make_hello(const std::string& node_id, v1::Role role,
 // FailedPrecondition (version) or PermissionDenied (identity), naming the peer.
 Status check_hello(const v1::Hello& hello, const PeerIdentity& peer);
 
+// Milliseconds since the Unix epoch, now.
+uint64_t unix_now_ms();
+// A Heartbeat stamped now: what keeps a quiet connection from the peer's idle deadline
+// (Deadlines::idle).
+v1::Envelope make_heartbeat();
+
 // The first of `ours` that the peer also lists; NotFound when they share none.
 Result<std::string> negotiate_codec(const std::vector<std::string>& ours, const v1::Hello& theirs);
 
