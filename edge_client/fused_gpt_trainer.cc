@@ -37,6 +37,16 @@ Result<std::unique_ptr<FusedGptTrainer>> FusedGptTrainer::create(
         "key 'local.prox_mu' must be 0 for a GPT trained by the fused engine (client.device "
         "\"cuda\"): FedProx's term is applied by the SGD trainer only");
   }
+  if (options.lora.enabled()) {
+    return unimplemented(
+        "[lora] is not supported by the fused engine (client.device \"cuda\") yet: LoRA "
+        "clients train with the autograd engine on the CPU (client.device \"cpu\")");
+  }
+  if (options.context > 0 && options.context != options.model.block_size) {
+    return unimplemented(
+        "the fused engine (client.device \"cuda\") trains on windows of the "
+        "model's whole position table; set model.block_size to the base's");
+  }
   RETURN_IF_ERROR(models::check_fused_gpt_config(options.model, 1, options.model.block_size),
                   "fused GPT trainer");
   // The fused layout is models::Gpt's state-dict order and names: the federation's layout.

@@ -42,16 +42,20 @@ void draw_windows(Rng& rng, const int32_t* tokens, int64_t n, int64_t B, int64_t
 
 GptTrainer::GptTrainer(std::shared_ptr<const std::vector<int32_t>> tokens, int64_t begin,
                        int64_t end, GptTrainerOptions options)
-    : tokens_(std::move(tokens)),
-      begin_(begin),
-      end_(end),
-      options_(options),
-      model_(options.model, 0),
-      layout_(layout_of(model_)) {}
+    : tokens_(std::move(tokens)), begin_(begin), end_(end), options_(std::move(options)) {
+  auto m = models::make_gpt(options_.model, 0, options_.base.get(), options_.lora);
+  if (!m.ok()) {
+    init_ = m.status();
+    return;
+  }
+  model_ = std::move(*m);
+  layout_ = layout_of(*model_);
+}
 
 Result<TrainReport> GptTrainer::train(std::span<const float> global, const v1::RoundPlan& plan,
                                       std::span<float> delta) {
-  const int64_t T = options_.model.block_size;
+  RETURN_IF_ERROR(init_);
+  const int64_t T = options_.window();
   const int64_t n = end_ - begin_;
   RETURN_IF_ERROR(check_text_round(begin_, end_, tokens_->size(), T, plan));
   if (delta.size() != global.size()) return invalid_argument("delta and global sizes differ");
@@ -68,10 +72,10 @@ Result<TrainReport> GptTrainer::train(std::span<const float> global, const v1::R
   ASSIGN_OR_RETURN(
       const float loss,
       run_local_steps(
-          model_, global, plan, gpt_local_steps(n, T, options_.epochs, plan), steps_options,
+          *model_, global, plan, gpt_local_steps(n, T, options_.epochs, plan), steps_options,
           [&](int64_t, Rng& rng) {
             draw_windows(rng, tok, n, B, T, x, &y);
-            return model_.loss(Tensor::from_vector(x, {B, T}), Tensor::from_vector(y, {B, T}));
+            return model_->loss(Tensor::from_vector(x, {B, T}), Tensor::from_vector(y, {B, T}));
           },
           delta));
   return TrainReport{static_cast<uint64_t>(n), loss};

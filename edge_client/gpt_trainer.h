@@ -11,6 +11,7 @@
 #include "edge_client/edge_client.h"
 #include "edge_client/local_steps.h"
 #include "models/gpt/gpt.h"
+#include "models/gpt/lora.h"
 
 namespace starling::edge_client {
 
@@ -24,6 +25,16 @@ struct GptTrainerOptions {
   float beta1 = 0.9f;
   float beta2 = 0.99f;
   float weight_decay = 0.0f;
+  // Fine-tuning: the pretrained weights (`model` is its config), shared read-only by every
+  // trainer; null: the global model alone defines the weights.
+  std::shared_ptr<const models::Gpt> base;
+  // LoRA ([lora]): the base frozen, adapters trained; the trainer's layout is the adapters'.
+  models::LoraSpec lora;
+  // Tokens per training window; 0: model.block_size (a pretrained model's position table may
+  // be longer than the context a client trains on).
+  int64_t context = 0;
+
+  int64_t window() const { return context > 0 ? context : model.block_size; }
 };
 
 // Local steps of a round: the plan's local_steps, else epochs passes of ceil(windows / batch)
@@ -60,7 +71,8 @@ class GptTrainer : public LocalTrainer {
   int64_t begin_;
   int64_t end_;
   GptTrainerOptions options_;
-  models::Gpt model_;
+  std::unique_ptr<models::Gpt> model_;  // null when it could not be made (init_ says why)
+  Status init_;
   compress::Layout layout_;
 };
 

@@ -32,7 +32,7 @@ Result<float> run_local_steps(nn::Module& model, std::span<const float> global,
   if (steps <= 0) return invalid_argument("a round of " + std::to_string(steps) + " local steps");
   RETURN_IF_ERROR(load_flat(model, global));
   model.train(true);
-  const auto params = model.parameters();
+  const auto params = model.trainable_parameters();
   std::unique_ptr<optim::Optimizer> adamw;
   if (options.optimizer == LocalStepOptions::Optimizer::kAdamW) {
     adamw = std::make_unique<optim::AdamW>(

@@ -12,7 +12,7 @@ namespace starling::edge_client {
 compress::Layout layout_of(const nn::Module& module) {
   compress::Layout layout;
   int64_t offset = 0;
-  for (const auto& [name, t] : module.named_parameters()) {
+  for (const auto& [name, t] : module.named_trainable_parameters()) {
     layout.push_back({name, t.shape(), offset});
     offset += t.numel();
   }
@@ -21,8 +21,8 @@ compress::Layout layout_of(const nn::Module& module) {
 
 std::vector<float> flatten(const nn::Module& module) {
   std::vector<float> out;
-  out.reserve(static_cast<size_t>(module.num_parameters()));
-  for (const auto& t : module.parameters()) {
+  out.reserve(static_cast<size_t>(module.num_trainable_parameters()));
+  for (const auto& t : module.trainable_parameters()) {
     const Tensor c = t.contiguous();
     out.insert(out.end(), c.data<float>(), c.data<float>() + c.numel());
   }
@@ -30,12 +30,13 @@ std::vector<float> flatten(const nn::Module& module) {
 }
 
 Status load_flat(nn::Module& module, std::span<const float> flat) {
-  if (static_cast<int64_t>(flat.size()) != module.num_parameters()) {
+  if (static_cast<int64_t>(flat.size()) != module.num_trainable_parameters()) {
     return invalid_argument("flat vector of " + std::to_string(flat.size()) + " for a model of " +
-                            std::to_string(module.num_parameters()) + " parameters");
+                            std::to_string(module.num_trainable_parameters()) +
+                            " trainable parameters");
   }
   size_t at = 0;
-  for (auto& t : module.parameters()) {
+  for (auto& t : module.trainable_parameters()) {
     std::memcpy(t.data<float>(), flat.data() + at, t.nbytes());
     at += static_cast<size_t>(t.numel());
   }

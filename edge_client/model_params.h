@@ -1,5 +1,6 @@
-// A module's parameters as the flat vector a federation moves: its layout (names, shapes,
-// offsets), flattening, and loading a flat vector back.
+// A module's trainable parameters as the flat vector a federation moves: its layout (names,
+// shapes, offsets), flattening, and loading a flat vector back. Frozen parameters (a LoRA
+// model's base) are not part of it.
 #pragma once
 
 #include <span>
@@ -13,7 +14,7 @@
 
 namespace starling::edge_client {
 
-// Parameters in named_parameters() order. REQUIRES: f32 parameters.
+// Trainable parameters in named_parameters() order. REQUIRES: f32 parameters.
 compress::Layout layout_of(const nn::Module& module);
 std::vector<float> flatten(const nn::Module& module);
 // Copies `flat` into the parameters. InvalidArgument when the size differs.

@@ -3,10 +3,13 @@
 #include "sim/gpt_task.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <tuple>
 
 #include "aggregator/fed_task.h"
 #include "core/autograd/autograd.h"
@@ -20,6 +23,8 @@
 #include "edge_client/gpt_trainer.h"
 #include "edge_client/model_params.h"
 #include "models/gpt/checkpoint.h"
+#include "models/gpt/hf.h"
+#include "models/gpt/lora.h"
 #include "sim/diffusion_task.h"
 
 namespace starling::sim {
@@ -53,9 +58,12 @@ Result<std::shared_ptr<const std::vector<int32_t>>> local_tokens(const std::file
 
 class ShakespeareTask final : public SimTask {
  public:
+  // `base`: the pretrained model of model.init_from (null: random init from model.seed);
+  // `lora`: [lora] checked.
   ShakespeareTask(const v1::FederationConfig& c, std::shared_ptr<const data::Tokenizer> tok,
                   std::shared_ptr<const std::vector<int32_t>> train, std::vector<int64_t> bounds,
-                  std::vector<int32_t> test, std::vector<std::string> names, int64_t minor)
+                  std::vector<int32_t> test, std::vector<std::string> names, int64_t minor,
+                  std::shared_ptr<const models::Gpt> base, models::LoraSpec lora)
       : config_(c),
         tokenizer_(std::move(tok)),
         train_(std::move(train)),
@@ -63,13 +71,22 @@ class ShakespeareTask final : public SimTask {
         test_(std::move(test)),
         names_(std::move(names)),
         minor_(minor) {
-    options_.model.vocab_size = tokenizer_->vocab_size();
-    options_.model.block_size = c.model().block_size();
-    options_.model.n_layer = c.model().n_layer();
-    options_.model.n_head = c.model().n_head();
-    options_.model.n_embd = c.model().n_embd();
-    options_.model.rope = c.model().pos_encoding() == v1::ModelConfig::ROPE;
-    options_.model.rope_base = c.model().rope_base();
+    if (base) {
+      options_.model = base->config();
+      options_.model.dropout = 0.0;
+      options_.context = c.model().block_size();
+    } else {
+      options_.model.vocab_size = tokenizer_->vocab_size();
+      options_.model.block_size = c.model().block_size();
+      options_.model.n_layer = c.model().n_layer();
+      options_.model.n_head = c.model().n_head();
+      options_.model.n_embd = c.model().n_embd();
+      options_.model.rope = c.model().pos_encoding() == v1::ModelConfig::ROPE;
+      options_.model.rope_base = c.model().rope_base();
+      options_.model.gelu_tanh = c.model().activation() == v1::ModelConfig::GELU_TANH;
+    }
+    options_.base = std::move(base);
+    options_.lora = std::move(lora);
     options_.epochs = c.local().epochs();
     options_.prox_mu = c.local().prox_mu();
     options_.grad_clip = c.model().grad_clip();
@@ -78,7 +95,7 @@ class ShakespeareTask final : public SimTask {
     options_.beta1 = steps.beta1;
     options_.beta2 = steps.beta2;
     options_.weight_decay = steps.weight_decay;
-    model_ = std::make_unique<models::Gpt>(options_.model, c.model().seed());
+    model_ = new_model(c.model().seed());
     layout_ = edge_client::layout_of(*model_);
     if (c.client().device() == "cuda") {
       fused_ = edge_client::FusedDevice{
@@ -88,8 +105,18 @@ class ShakespeareTask final : public SimTask {
 
   int num_clients() const override { return static_cast<int>(names_.size()); }
   const compress::Layout& layout() const override { return layout_; }
+  // The model every node builds: drawn from `seed`, or the base's weights (frozen, shared) with
+  // the adapters of [lora].
+  std::unique_ptr<models::Gpt> new_model(uint64_t seed) const {
+    auto m = models::make_gpt(options_.model, seed, options_.base.get(), options_.lora);
+    // The base was loaded for exactly this config: a mismatch is a bug, not bad input.
+    if (!m.ok()) std::abort();
+    return std::move(*m);
+  }
+  // Random init from model.seed; the pretrained weights of model.init_from; or, with [lora],
+  // the adapters alone (A drawn from lora.seed, B zero: the global model starts as the base).
   std::vector<float> initial_model() const override {
-    return edge_client::flatten(models::Gpt(options_.model, config_.model().seed()));
+    return edge_client::flatten(*new_model(config_.model().seed()));
   }
   std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const override {
     const auto k = static_cast<size_t>(client);
@@ -120,14 +147,13 @@ class ShakespeareTask final : public SimTask {
   }
   Result<std::unique_ptr<edge_client::LocalTrainer>> make_local_trainer(
       const std::filesystem::path& path, std::string* describe) const override {
-    ASSIGN_OR_RETURN(auto ids,
-                     local_tokens(path, *tokenizer_, options_.model.block_size, describe));
+    ASSIGN_OR_RETURN(auto ids, local_tokens(path, *tokenizer_, options_.window(), describe));
     const auto n = static_cast<int64_t>(ids->size());
     return trainer_on(std::move(ids), 0, n);
   }
   int64_t local_steps(int client, const v1::RoundPlan& plan) const override {
     const auto k = static_cast<size_t>(client);
-    return edge_client::gpt_local_steps(bounds_[k + 1] - bounds_[k], options_.model.block_size,
+    return edge_client::gpt_local_steps(bounds_[k + 1] - bounds_[k], options_.window(),
                                         options_.epochs, plan);
   }
   // Cross-entropy and next-character accuracy over disjoint windows of the held-out text,
@@ -140,7 +166,7 @@ class ShakespeareTask final : public SimTask {
   TaskEval evaluate_model(models::Gpt& model) const {
     autograd::NoGradGuard ng;
     model.train(false);
-    const int64_t T = options_.model.block_size, V = options_.model.vocab_size;
+    const int64_t T = options_.window(), V = options_.model.vocab_size;
     const int64_t windows = (static_cast<int64_t>(test_.size()) - 1) / T;
     int64_t n = windows;
     if (config_.eval().max_examples() > 0) n = std::min<int64_t>(n, config_.eval().max_examples());
@@ -177,16 +203,15 @@ class ShakespeareTask final : public SimTask {
   }
   Status save_model(const std::filesystem::path& path, std::span<const float> global,
                     uint64_t round) const override {
-    models::Gpt model(options_.model, 0);
+    const auto owned = new_model(0);
+    models::Gpt& model = *owned;
     RETURN_IF_ERROR(edge_client::load_flat(model, global));
     v1::RunConfig rc;
-    rc.mutable_model()->set_block_size(static_cast<int32_t>(options_.model.block_size));
-    rc.mutable_model()->set_n_layer(static_cast<int32_t>(options_.model.n_layer));
-    rc.mutable_model()->set_n_head(static_cast<int32_t>(options_.model.n_head));
-    rc.mutable_model()->set_n_embd(static_cast<int32_t>(options_.model.n_embd));
-    rc.mutable_model()->set_vocab_size(static_cast<int32_t>(options_.model.vocab_size));
-    rc.mutable_model()->set_pos_encoding(config_.model().pos_encoding());
-    rc.mutable_model()->set_rope_base(config_.model().rope_base());
+    // The whole shape (a pretrained base brings biases and GPT-2's GELU); with [lora] the
+    // checkpoint holds the merged weights, a plain GPT of this shape.
+    *rc.mutable_model() = models::model_proto(options_.model);
+    rc.mutable_train()->set_batch_size(
+        std::max<int32_t>(1, static_cast<int32_t>(config_.local().batch_size())));
     rc.mutable_data()->set_dataset("tinyshakespeare");
     rc.mutable_data()->set_tokenizer(config_.data().tokenizer());
     rc.mutable_data()->set_data_dir(config_.data().data_dir());
@@ -200,11 +225,19 @@ class ShakespeareTask final : public SimTask {
   std::string describe() const override {
     return fmt::format(
         "Tiny Shakespeare by speaking role: {} clients ({} train characters; {} minor roles {}), "
-        "{} GPT L={} H={} C={} T={}, {} parameters{}",
+        "{} GPT L={} H={} C={} T={}, {} parameters{}{}",
         names_.size(), train_->size(), minor_,
         config_.data().merge_minor_roles() ? "merged" : "dropped", tokenizer_->name(),
-        options_.model.n_layer, options_.model.n_head, options_.model.n_embd,
-        options_.model.block_size, model_->num_parameters(),
+        options_.model.n_layer, options_.model.n_head, options_.model.n_embd, options_.window(),
+        model_->num_parameters(),
+        options_.base ? fmt::format(" from {}", config_.model().init_from()) : "",
+        options_.lora.enabled()
+            ? fmt::format(", LoRA rank {} on {}: {} trained and moved ({:.2f}%)",
+                          options_.lora.rank, fmt::join(options_.lora.targets, ", "),
+                          model_->num_trainable_parameters(),
+                          100.0 * static_cast<double>(model_->num_trainable_parameters()) /
+                              static_cast<double>(model_->num_parameters()))
+            : "",
         fused_ ? fmt::format(", clients train on cuda:{} (fused engine)", fused_->gpu) : "");
   }
 
@@ -238,7 +271,47 @@ Result<std::unique_ptr<SimTask>> make_text_task(const v1::FederationConfig& c,
   ASSIGN_OR_RETURN(auto roles, data::split_by_role(text, o, file.string()), ctx);
   ASSIGN_OR_RETURN(auto chars, data::CharTokenizer::from_corpus(text), ctx);
   std::shared_ptr<const data::Tokenizer> tok;
-  if (c.data().tokenizer() == v1::DataConfig::GPT2) {
+  std::shared_ptr<const models::Gpt> base;
+  ASSIGN_OR_RETURN(models::LoraSpec lora, models::lora_spec_from_proto(c.lora(), source));
+  const auto& m = c.model();
+  if (lora.enabled() && m.arch() != v1::FedModelConfig::GPT) {
+    return invalid_argument(std::string(source) + ": [lora] applies to model.arch = \"GPT\"");
+  }
+  if (!m.init_from().empty()) {
+    const std::string key = std::string(source) + ": model.init_from";
+    if (m.arch() != v1::FedModelConfig::GPT) {
+      return invalid_argument(key + " applies to model.arch = \"GPT\"");
+    }
+    ASSIGN_OR_RETURN(models::PretrainedGpt pre, models::load_pretrained_gpt(m.init_from(), dir),
+                     key);
+    const models::GptConfig& g = pre.gpt->config();
+    // The shape is the base's: a key set to something else is a mistake worth naming.
+    for (const auto& [name, set, value, want] :
+         {std::tuple<const char*, bool, int64_t, int64_t>{"n_layer", m.has_n_layer(), m.n_layer(),
+                                                          g.n_layer},
+          {"n_head", m.has_n_head(), m.n_head(), g.n_head},
+          {"n_embd", m.has_n_embd(), m.n_embd(), g.n_embd}}) {
+      if (set && value != want) {
+        return invalid_argument(
+            fmt::format("{}: key 'model.{}' = {}, but the pretrained model "
+                        "({}) has {}; remove the key",
+                        source, name, value, pre.describe, want));
+      }
+    }
+    if (m.block_size() > g.block_size) {
+      return invalid_argument(
+          fmt::format("{}: key 'model.block_size' = {} (the training context) is longer than the "
+                      "pretrained model's {} positions",
+                      source, m.block_size(), g.block_size));
+    }
+    if (g.rope != (m.pos_encoding() == v1::ModelConfig::ROPE) && m.has_pos_encoding()) {
+      return invalid_argument(std::string(source) +
+                              ": key 'model.pos_encoding' differs from the pretrained model's");
+    }
+    spdlog::info("model: {} from {}", pre.describe, m.init_from());
+    tok = pre.tokenizer;
+    base = std::move(pre.gpt);
+  } else if (c.data().tokenizer() == v1::DataConfig::GPT2) {
     ASSIGN_OR_RETURN(auto bpe, data::BpeTokenizer::load_gpt2(dir), ctx + ".tokenizer");
     tok = std::make_shared<const data::BpeTokenizer>(std::move(bpe));
   } else {
@@ -263,9 +336,9 @@ Result<std::unique_ptr<SimTask>> make_text_task(const v1::FederationConfig& c,
     return make_mdlm_task(c, source, std::move(chars), std::move(train), std::move(bounds),
                           std::move(test), std::move(names), roles.minor_roles);
   }
-  auto task =
-      std::make_unique<ShakespeareTask>(c, std::move(tok), std::move(train), std::move(bounds),
-                                        std::move(test), std::move(names), roles.minor_roles);
+  auto task = std::make_unique<ShakespeareTask>(
+      c, std::move(tok), std::move(train), std::move(bounds), std::move(test), std::move(names),
+      roles.minor_roles, std::move(base), std::move(lora));
   if (use == TaskUse::kSimulation) RETURN_IF_ERROR(task->check_device(source));
   return std::unique_ptr<SimTask>(std::move(task));
 }

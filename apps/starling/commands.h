@@ -26,5 +26,6 @@ void register_aggregator(CLI::App& app, CommandContext& ctx);  // starling aggre
 void register_client(CLI::App& app, CommandContext& ctx);      // starling client
 void register_peer(CLI::App& app, CommandContext& ctx);        // starling peer
 void register_simulate(CLI::App& app, CommandContext& ctx);    // starling simulate
+void register_hf(CLI::App& app, CommandContext& ctx);          // starling import hf / export hf
 
 }  // namespace starling::apps

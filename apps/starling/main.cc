@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
     starling::apps::register_client(app, ctx);
     starling::apps::register_peer(app, ctx);
     starling::apps::register_simulate(app, ctx);
+    starling::apps::register_hf(app, ctx);
     CLI11_PARSE(app, argc, argv);
     return ctx.exit_code;
   } catch (const std::exception& e) {

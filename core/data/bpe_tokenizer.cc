@@ -90,6 +90,8 @@ struct BpeTokenizer::State {
   std::unordered_map<uint64_t, int32_t> pair_rank;  // (left id, right id) -> merge rank
   std::vector<int32_t> merge_result;                // rank -> id of the merged token
   int32_t eot = -1;
+  std::string encoder_json;  // the files' text, as loaded (checkpoints embed them)
+  std::string merges;
 
   mutable std::mutex cache_mu;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
@@ -168,6 +170,8 @@ int64_t BpeTokenizer::vocab_size() const {
   return static_cast<int64_t>(state_->token_bytes.size());
 }
 int32_t BpeTokenizer::eot_id() const { return state_->eot; }
+const std::string& BpeTokenizer::encoder_json() const { return state_->encoder_json; }
+const std::string& BpeTokenizer::merges() const { return state_->merges; }
 
 Result<BpeTokenizer> BpeTokenizer::load_gpt2(const fs::path& data_dir) {
   ASSIGN_OR_RETURN(fs::path encoder_json, resolve_dataset_file(data_dir, "gpt2-encoder"));
@@ -176,9 +180,18 @@ Result<BpeTokenizer> BpeTokenizer::load_gpt2(const fs::path& data_dir) {
 }
 
 Result<BpeTokenizer> BpeTokenizer::load(const fs::path& encoder_json, const fs::path& vocab_bpe) {
+  ASSIGN_OR_RETURN(std::string enc_text, read_text_file(encoder_json), "gpt2 bpe");
+  ASSIGN_OR_RETURN(std::string bpe_text, read_text_file(vocab_bpe), "gpt2 bpe");
+  return from_text(std::move(enc_text), std::move(bpe_text), encoder_json.string(),
+                   vocab_bpe.string());
+}
+
+Result<BpeTokenizer> BpeTokenizer::from_text(std::string enc_text, std::string bpe_text,
+                                             std::string_view encoder_name,
+                                             std::string_view merges_name) {
   auto state = std::make_unique<State>();
-  const std::string enc_name = encoder_json.string();
-  const std::string bpe_name = vocab_bpe.string();
+  const std::string enc_name(encoder_name);
+  const std::string bpe_name(merges_name);
 
   // Code point (of the token alphabet) -> byte, and -1 elsewhere.
   const std::array<uint32_t, 256> cp_of_byte = byte_to_codepoint();
@@ -187,7 +200,6 @@ Result<BpeTokenizer> BpeTokenizer::load(const fs::path& encoder_json, const fs::
   for (int b = 0; b < 256; ++b) byte_of_cp[cp_of_byte[b]] = static_cast<int16_t>(b);
 
   // encoder.json
-  ASSIGN_OR_RETURN(std::string enc_text, read_text_file(encoder_json), "gpt2 bpe");
   nlohmann::json vocab;
   try {
     vocab = nlohmann::json::parse(enc_text);
@@ -247,7 +259,6 @@ Result<BpeTokenizer> BpeTokenizer::load(const fs::path& encoder_json, const fs::
   }
 
   // vocab.bpe
-  ASSIGN_OR_RETURN(std::string bpe_text, read_text_file(vocab_bpe), "gpt2 bpe");
   std::string_view rest = bpe_text;
   int line_no = 0;
   while (!rest.empty()) {
@@ -291,6 +302,8 @@ Result<BpeTokenizer> BpeTokenizer::load(const fs::path& encoder_json, const fs::
   }
   // JIT is only a speed-up; the interpreter gives the same matches when it is unavailable.
   (void)pcre2_jit_compile(state->regex.get(), PCRE2_JIT_COMPLETE);
+  state->encoder_json = std::move(enc_text);
+  state->merges = std::move(bpe_text);
   return BpeTokenizer(std::move(state));
 }
 

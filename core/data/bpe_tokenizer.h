@@ -4,6 +4,8 @@
 
 #include <filesystem>
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "core/data/tokenizer.h"
 
@@ -19,6 +21,11 @@ class BpeTokenizer final : public Tokenizer {
                                    const std::filesystem::path& vocab_bpe);
   // load() on <data_dir>/gpt2/encoder.json and <data_dir>/gpt2/vocab.bpe.
   static Result<BpeTokenizer> load_gpt2(const std::filesystem::path& data_dir);
+  // load() on the files' text (Hugging Face names them vocab.json and merges.txt); the names
+  // stand for the files in errors.
+  static Result<BpeTokenizer> from_text(std::string encoder_json, std::string merges,
+                                        std::string_view encoder_name,
+                                        std::string_view merges_name);
 
   BpeTokenizer(BpeTokenizer&&) noexcept;
   BpeTokenizer& operator=(BpeTokenizer&&) noexcept;
@@ -34,6 +41,9 @@ class BpeTokenizer final : public Tokenizer {
 
   // Id of "<|endoftext|>" (50256 for GPT-2), or -1 when the vocabulary has none.
   int32_t eot_id() const;
+  // The two files' text as loaded (what a checkpoint embeds to carry a tokenizer of its own).
+  const std::string& encoder_json() const;
+  const std::string& merges() const;
 
  private:
   struct State;

@@ -36,6 +36,34 @@ int64_t Module::num_parameters() const {
   return n;
 }
 
+std::vector<std::pair<std::string, Tensor>> Module::named_trainable_parameters() const {
+  auto all = named_parameters();
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, t] : all) {
+    if (t.requires_grad()) out.emplace_back(std::move(name), t);
+  }
+  return out;
+}
+
+std::vector<Tensor> Module::trainable_parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_trainable_parameters()) out.push_back(t);
+  return out;
+}
+
+int64_t Module::num_trainable_parameters() const {
+  int64_t n = 0;
+  for (const auto& t : trainable_parameters()) n += t.numel();
+  return n;
+}
+
+void Module::freeze() {
+  for (auto& t : parameters()) {
+    t.set_requires_grad(false);
+    t.impl()->grad = nullptr;
+  }
+}
+
 io::StateDict Module::state_dict() const { return named_parameters(); }
 
 Status Module::load_state_dict(const io::StateDict& sd, bool strict) {

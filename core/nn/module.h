@@ -25,6 +25,14 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
   std::vector<Tensor> parameters() const;
   int64_t num_parameters() const;
+  // The parameters that train (requires_grad): all of them unless some were frozen (LoRA freezes
+  // the base). These are what an optimizer steps and what a federation moves.
+  std::vector<std::pair<std::string, Tensor>> named_trainable_parameters() const;
+  std::vector<Tensor> trainable_parameters() const;
+  int64_t num_trainable_parameters() const;
+  // Freezes every parameter of this module and its children (requires_grad off, no gradient
+  // computed or kept for them). Parameters registered later train as usual.
+  void freeze();
 
   // The parameters as a StateDict (aliases, not copies: clone to snapshot).
   io::StateDict state_dict() const;

@@ -53,14 +53,16 @@ Tensor SelfAttention::forward_cached(const Tensor& x, LayerKv& kv, int64_t pos0,
 }
 
 Mlp::Mlp(const TransformerShape& s, Rng& init, Rng& dropout_rng)
-    : dropout_(s.dropout), rng_(&dropout_rng) {
+    : dropout_(s.dropout), gelu_tanh_(s.gelu_tanh), rng_(&dropout_rng) {
   c_fc = register_module("c_fc", std::make_shared<Linear>(s.n_embd, 4 * s.n_embd, s.bias, init));
   c_proj = register_module(
       "c_proj", std::make_shared<Linear>(4 * s.n_embd, s.n_embd, s.bias, init, residual_std(s)));
 }
 
 Tensor Mlp::forward(const Tensor& x) const {
-  return ops::dropout(c_proj->forward(ops::gelu(c_fc->forward(x))), dropout_, training(), *rng_);
+  const auto approx = gelu_tanh_ ? ops::GeluApprox::kTanh : ops::GeluApprox::kNone;
+  return ops::dropout(c_proj->forward(ops::gelu(c_fc->forward(x), approx)), dropout_, training(),
+                      *rng_);
 }
 
 Block::Block(const TransformerShape& s, Rng& init, Rng& dropout_rng) {

@@ -21,6 +21,8 @@ struct TransformerShape {
   // applied before attention; `rope_base` is the frequency base (10000 in RoFormer / LLaMA).
   bool rope = false;
   double rope_base = 10000.0;
+  // The MLP's GELU: exact (erf) or the tanh approximation of GPT-2.
+  bool gelu_tanh = false;
 };
 
 // x: (B, T, C) -> (B, T, C). `rng` draws dropout masks; it must outlive the module.
@@ -59,6 +61,7 @@ class Mlp : public Module {
 
  private:
   double dropout_;
+  bool gelu_tanh_;
   Rng* rng_;
 };
 

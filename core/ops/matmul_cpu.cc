@@ -197,10 +197,12 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   if (!autograd::needs_grad({&x, &w, &bias})) return out;
   const Tensor dx = x2.detach(), dw = w.detach();
   const Shape x_shape = x.shape();
-  const bool has_bias = bias.defined();
+  // A frozen weight or bias (LoRA's base) gets no gradient: its (out, in) product is skipped.
+  const bool need_b = bias.defined() && bias.requires_grad();
   const bool need_x = x.requires_grad();
+  const bool need_w = w.requires_grad();
   return autograd::record(out, "linear", {x, w, bias},
-                          [dx, dw, x_shape, has_bias, need_x](const Tensor& g) {
+                          [dx, dw, x_shape, need_b, need_x, need_w](const Tensor& g) {
                             const Tensor g2 = flatten_rows(g.contiguous());
                             std::vector<Tensor> r(3);
                             dispatch_float(dx.dtype(), "linear", [&]<typename T>() {
@@ -209,10 +211,12 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
                                 mm2d<T>(g2, false, dw, false, gx, T(0));  // (R,out) x (out,in)
                                 r[0] = gx.view(x_shape);
                               }
-                              Tensor gw = Tensor::uninitialized(dw.shape(), dw.dtype());
-                              mm2d<T>(g2, true, dx, false, gw, T(0));  // (out,R) x (R,in)
-                              r[1] = gw;
-                              if (has_bias) r[2] = sum(g2, 0, false);
+                              if (need_w) {
+                                Tensor gw = Tensor::uninitialized(dw.shape(), dw.dtype());
+                                mm2d<T>(g2, true, dx, false, gw, T(0));  // (out,R) x (R,in)
+                                r[1] = gw;
+                              }
+                              if (need_b) r[2] = sum(g2, 0, false);
                             });
                             return r;
                           });

@@ -1,5 +1,5 @@
-// Checkpoint metadata layout: format, config (TOML), tokenizer, tokenizer.vocab (hex), iter,
-// train_loss, val_loss.
+// Checkpoint metadata layout: format, config (TOML), tokenizer, tokenizer.vocab (hex, char
+// tokenizers) or tokenizer.encoder_json + tokenizer.merges (BPE), iter, train_loss, val_loss.
 #include "models/gpt/checkpoint.h"
 
 #include <spdlog/spdlog.h>
@@ -12,6 +12,7 @@
 #include "core/data/data_dir.h"
 #include "core/data/text_file.h"
 #include "core/io/safetensors.h"
+#include "models/gpt/lora.h"
 
 namespace starling::models {
 
@@ -60,11 +61,17 @@ Status save_gpt_checkpoint(const std::filesystem::path& path, const Gpt& model,
   meta["tokenizer"] = tokenizer.name();
   if (const auto* ct = dynamic_cast<const data::CharTokenizer*>(&tokenizer)) {
     meta["tokenizer.vocab"] = hex_encode(ct->vocab());
+  } else if (const auto* bpe = dynamic_cast<const data::BpeTokenizer*>(&tokenizer)) {
+    // The BPE files travel with the weights: a model imported with its own vocabulary (or
+    // GPT-2's) samples and resumes without the data directory.
+    meta["tokenizer.encoder_json"] = bpe->encoder_json();
+    meta["tokenizer.merges"] = bpe->merges();
   }
   meta["iter"] = std::to_string(info.iter);
   meta["train_loss"] = std::to_string(info.train_loss);
   meta["val_loss"] = std::to_string(info.val_loss);
-  return io::save_safetensors(path, model.state_dict(), meta);
+  // LoRA adapters are folded in: the checkpoint is a plain GPT of the config.
+  return io::save_safetensors(path, merged_state_dict(model), meta);
 }
 
 Result<LoadedGpt> load_gpt_checkpoint(const std::filesystem::path& path,
@@ -93,6 +100,13 @@ Result<LoadedGpt> load_gpt_checkpoint(const std::filesystem::path& path,
       return data_loss(where + ": metadata 'tokenizer.vocab': " + vocab.status().message());
     ASSIGN_OR_RETURN(auto ct, data::CharTokenizer::from_vocab(*vocab), where);
     out.tokenizer = std::make_unique<data::CharTokenizer>(std::move(ct));
+  } else if (file.metadata.contains("tokenizer.encoder_json")) {
+    ASSIGN_OR_RETURN(std::string merges, get("tokenizer.merges"));
+    ASSIGN_OR_RETURN(auto bpe, data::BpeTokenizer::from_text(
+                                   file.metadata["tokenizer.encoder_json"], std::move(merges),
+                                   where + " metadata 'tokenizer.encoder_json'",
+                                   where + " metadata 'tokenizer.merges'"));
+    out.tokenizer = std::make_unique<data::BpeTokenizer>(std::move(bpe));
   } else {
     const std::string dd =
         data_dir_override.empty() ? out.config.data().data_dir() : data_dir_override;

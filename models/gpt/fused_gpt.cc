@@ -70,6 +70,11 @@ Status check_fused_gpt_config(const GptConfig& c, int64_t batch, int64_t time,
                          " is not supported (the fused trainer has no dropout); set "
                          "model.dropout = 0 or use train.engine = \"autograd\"");
   }
+  if (c.gelu_tanh) {
+    return unimplemented(
+        "fused GPT: model.activation = \"gelu_tanh\" (GPT-2's) is not supported (the fused "
+        "engine computes the exact GELU); use train.engine = \"autograd\"");
+  }
   if (batch <= 0) return invalid_argument("fused GPT: batch size must be positive");
   if (time <= 0) {
     return invalid_argument("fused GPT: sequence length " + std::to_string(time) +

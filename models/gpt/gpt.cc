@@ -25,6 +25,7 @@ GptConfig GptConfig::from_proto(const v1::ModelConfig& m, int64_t tokenizer_voca
   c.causal = m.causal();
   c.rope = m.pos_encoding() == v1::ModelConfig::ROPE;
   c.rope_base = m.rope_base();
+  c.gelu_tanh = m.activation() == v1::ModelConfig::GELU_TANH;
   return c;
 }
 
@@ -63,6 +64,7 @@ GptTrunk::GptTrunk(const GptConfig& c, Rng& init, Rng& dropout_rng) {
   nn::TransformerShape s{c.n_embd, c.n_head, c.n_layer, c.dropout, c.bias, c.causal};
   s.rope = c.rope;
   s.rope_base = c.rope_base;
+  s.gelu_tanh = c.gelu_tanh;
   for (int64_t i = 0; i < c.n_layer; ++i)
     h->push_back(std::make_shared<nn::Block>(s, init, dropout_rng));
   ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(c.n_embd, c.bias));

@@ -29,6 +29,8 @@ struct GptConfig {
   // no wpe (positions enter only through the rotation). rope_base: RoPE frequency base.
   bool rope = false;
   double rope_base = 10000.0;
+  // The MLP's GELU: exact (erf) or GPT-2's tanh approximation ([model] activation).
+  bool gelu_tanh = false;
 
   // vocab_size comes from the proto unless it is 0, then from `tokenizer_vocab`.
   static GptConfig from_proto(const v1::ModelConfig& m, int64_t tokenizer_vocab);
@@ -88,6 +90,8 @@ class Gpt : public nn::Module {
   Status load(const io::StateDict& sd);
 
   std::shared_ptr<GptTrunk> transformer;
+  // The stream that draws dropout masks (LoRA adapters draw theirs from it too).
+  Rng& dropout_rng() { return dropout_rng_; }
 
  private:
   GptConfig config_;
