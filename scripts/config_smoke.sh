@@ -326,6 +326,9 @@ run_config() {
   case "$name" in
     gpt_char_shakespeare) kind=train; run_train "$cfg" train.batch_size=4 ;;
     gpt_char_cpu | gpt_char_rope_cpu) kind=train; run_train "$cfg" ;;
+    gpt2_base_wikitext)
+      # WikiText-2 is not among the fixtures: the same model on Tiny Shakespeare.
+      kind=train; run_train "$cfg" 'data.dataset="tinyshakespeare"' ;;
     mdlm_char_cpu | mdlm_char_rope_cpu | mdlm_char_bd3_cpu | mdlm_char_fused_cpu)
       kind=train; run_train "$cfg" ;;
     ddpm_mnist_cpu | ddpm_fashion_mnist_cpu)
@@ -339,6 +342,19 @@ run_config() {
       run_aggregator "$cfg" local.local_steps=2 local.batch_size=8 eval.max_examples=16 ;;
     fed_mdlm_roles8)
       kind=aggregator; run_aggregator "$cfg" local.local_steps=2 eval.max_examples=24 ;;
+    fed_gpt2_lora_roles)
+      # The base swapped for the tiny GPT-2 that transformers wrote (tests/fixtures/hf_gpt2_tiny,
+      # with its own BPE): simulate, then the aggregator; its merged model goes out through
+      # `export hf` and back in through `import hf`.
+      kind=simulate
+      local base="\"hf:$repo/tests/fixtures/hf_gpt2_tiny\""
+      local small=("model.init_from=$base" model.block_size=32 local.local_steps=2
+        eval.max_examples=32 simulate.central_baseline=false)
+      run_simulate "$cfg" "${small[@]}" || return
+      run_aggregator "$cfg" "${small[@]}" || return
+      st export hf "$out/state/model.safetensors" --out "$out/hf"
+      st import hf "$out/hf" --out "$out/reimported.safetensors"
+      st sample "$out/reimported.safetensors" -n 8 ;;
 
     sim_default | sim_shakespeare_codecs)
       kind=simulate; run_simulate "$cfg" local.local_steps=2 eval.max_examples=64 ;;

@@ -592,10 +592,10 @@ void register_eval(CLI::App& app, CommandContext& ctx) {
       return fail(ctx, ckpt + ": the " + o->split + " split has fewer than --batch windows");
     }
     std::printf(
-        "%s: %lld windows of %lld tokens, %.4f nats/token, %.4f bits/token (next-token "
-        "loss)\n",
+        "%s: %lld windows of %lld tokens, %.4f nats/token, %.4f bits/token, perplexity %.3f "
+        "(next-token loss)\n",
         o->split.c_str(), static_cast<long long>(full->second), static_cast<long long>(len),
-        full->first, full->first / kLn2);
+        full->first, full->first / kLn2, std::exp(full->first));
   });
 }
 

@@ -15,9 +15,13 @@ Linear::Linear(int64_t in, int64_t out, bool use_bias, Rng& rng, double init_std
 }
 
 Tensor Linear::forward(const Tensor& x) const {
+  if (!has_lora()) return ops::linear(x, weight, bias);
+  if (lora_dropout == 0.0 || !training()) {
+    return ops::lora_linear(x, weight, bias, lora_a, lora_b, lora_scale);
+  }
+  // Dropout on the adapter's input only: the composed ops.
   const Tensor y = ops::linear(x, weight, bias);
-  if (!has_lora()) return y;
-  const Tensor xa = ops::dropout(x, lora_dropout, training(), *lora_rng_);
+  const Tensor xa = ops::dropout(x, lora_dropout, true, *lora_rng_);
   const Tensor low = ops::linear(ops::linear(xa, lora_a), lora_b);
   return ops::add(y, ops::mul_scalar(low, lora_scale));
 }

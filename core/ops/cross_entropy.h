@@ -16,4 +16,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
 Tensor weighted_cross_entropy(const Tensor& logits, const Tensor& targets,
                               std::span<const double> weights, int32_t ignore_index = -100);
 
+// Mean cross-entropy of the logits x W^T against `targets` without holding them: x (N, C),
+// w (V, C) (a tied head: the token embedding), targets (N) i32 or ignore_index. Rows go through
+// in chunks of `chunk`, so at most chunk x V logits exist at a time, in the forward pass and
+// again (recomputed) in the backward one; only the N log-sum-exps are kept. Equals
+// cross_entropy(linear(x, w), targets) up to float rounding; a frozen w gets no gradient.
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
+                            int64_t chunk = 256, int32_t ignore_index = -100);
+
 }  // namespace starling::ops

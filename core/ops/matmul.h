@@ -13,6 +13,13 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // x: (..., in), w: (out, in), bias: (out) or undefined -> (..., out).
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
 
+// A linear layer with a low-rank adapter (LoRA), as one op: x W^T + b + scale (x A^T) B^T with
+// a: (rank, in), b: (out, rank). Keeps only x, the weights and the (rows, rank) product for
+// backward (not the three (rows, out) intermediates of the composed ops); a frozen W or b gets
+// no gradient computed.
+Tensor lora_linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& a,
+                   const Tensor& b, double scale);
+
 namespace internal {
 // C (M,N) = alpha * op(A) op(B) + beta * C, row-major, leading dims in elements.
 template <typename T>

@@ -87,13 +87,27 @@ MatArg as_blas(const Tensor& t) {
 // out (M,N) = op(a) (M,K) * op(b) (K,N), where a and b are 2-D views; `ta`/`tb` request an
 // extra logical transpose on top of the view.
 template <typename T>
-void mm2d(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& out, T beta) {
+void mm2d(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& out, T beta, T alpha = T(1)) {
   const MatArg A = as_blas(a), B = as_blas(b);
   const int64_t m = ta ? a.shape()[1] : a.shape()[0];
   const int64_t k = ta ? a.shape()[0] : a.shape()[1];
   const int64_t n = tb ? b.shape()[0] : b.shape()[1];
-  gemm<T>(A.trans != ta, B.trans != tb, m, n, k, T(1), A.keep.data<T>(), A.ld, B.keep.data<T>(),
+  gemm<T>(A.trans != ta, B.trans != tb, m, n, k, alpha, A.keep.data<T>(), A.ld, B.keep.data<T>(),
           B.ld, beta, out.data<T>(), n);
+}
+
+// Fills every row of out (rows, out_f) with `bias` and returns the beta that accumulates the
+// product onto it (1), or returns 0 without a bias.
+template <typename T>
+T start_with_bias(const Tensor& bias, Tensor& out, const char* op) {
+  if (!bias.defined()) return T(0);
+  const int64_t rows = out.shape()[0], out_f = out.shape()[1];
+  STARLING_OP_CHECK(bias.numel() == out_f && bias.dtype() == out.dtype(), op, "bad bias");
+  const Tensor bc = bias.contiguous();
+  const T* pb = bc.data<T>();
+  T* po = out.data<T>();
+  for (int64_t r = 0; r < rows; ++r) std::copy(pb, pb + out_f, po + r * out_f);
+  return T(1);
 }
 
 Tensor flatten_rows(const Tensor& t) {
@@ -180,16 +194,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   const int64_t rows = x2.shape()[0], out_f = w.shape()[0];
   Tensor out = Tensor::uninitialized({rows, out_f}, x.dtype());
   dispatch_float(x.dtype(), "linear", [&]<typename T>() {
-    T beta = T(0);
-    if (bias.defined()) {
-      STARLING_OP_CHECK(bias.numel() == out_f && bias.dtype() == x.dtype(), "linear", "bad bias");
-      const Tensor bc = bias.contiguous();
-      const T* pb = bc.data<T>();
-      T* po = out.data<T>();
-      for (int64_t r = 0; r < rows; ++r) std::copy(pb, pb + out_f, po + r * out_f);
-      beta = T(1);
-    }
-    mm2d<T>(x2, false, w, true, out, beta);
+    mm2d<T>(x2, false, w, true, out, start_with_bias<T>(bias, out, "linear"));
   });
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   out_shape.push_back(out_f);
@@ -220,6 +225,75 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
                             });
                             return r;
                           });
+}
+
+Tensor lora_linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& a,
+                   const Tensor& b, double scale) {
+  STARLING_OP_CHECK(w.dim() == 2 && a.dim() == 2 && b.dim() == 2, "lora_linear",
+                    "w (out, in), a (rank, in) and b (out, rank) must be 2-D");
+  const int64_t in_f = w.shape()[1], out_f = w.shape()[0], rank = a.shape()[0];
+  STARLING_OP_CHECK(x.shape().back() == in_f && a.shape()[1] == in_f && b.shape()[0] == out_f &&
+                        b.shape()[1] == rank,
+                    "lora_linear",
+                    "input " + shape_str(x.shape()) + ", weight " + shape_str(w.shape()) + ", A " +
+                        shape_str(a.shape()) + ", B " + shape_str(b.shape()) + " do not fit");
+  STARLING_OP_CHECK(x.dtype() == w.dtype() && a.dtype() == w.dtype() && b.dtype() == w.dtype(),
+                    "lora_linear", "dtype mismatch");
+  const Tensor x2 = flatten_rows(x);
+  const int64_t rows = x2.shape()[0];
+  Tensor out = Tensor::uninitialized({rows, out_f}, x.dtype());
+  Tensor u = Tensor::uninitialized({rows, rank}, x.dtype());  // scale * x A^T
+  dispatch_float(x.dtype(), "lora_linear", [&]<typename T>() {
+    mm2d<T>(x2, false, w, true, out, start_with_bias<T>(bias, out, "lora_linear"));
+    mm2d<T>(x2, false, a, true, u, T(0), static_cast<T>(scale));
+    mm2d<T>(u, false, b, true, out, T(1));
+  });
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(out_f);
+  out = out.view(out_shape);
+  if (!autograd::needs_grad({&x, &w, &bias, &a, &b})) return out;
+  const Tensor dx = x2.detach(), dw = w.detach(), da = a.detach(), db = b.detach();
+  const Shape x_shape = x.shape();
+  const bool need_x = x.requires_grad(), need_w = w.requires_grad(), need_a = a.requires_grad(),
+             need_b = b.requires_grad(), need_bias = bias.defined() && bias.requires_grad();
+  // Saved: the input (alive anyway as the previous op's output), the weights and u (rows x
+  // rank). The base output, B A x and its scaled copy of an unfused layer are never kept.
+  return autograd::record(
+      out, "lora_linear", {x, w, bias, a, b},
+      [dx, dw, da, db, u, x_shape, scale, need_x, need_w, need_a, need_b,
+       need_bias](const Tensor& g) {
+        const Tensor g2 = flatten_rows(g.contiguous());
+        const int64_t rows_g = g2.shape()[0], rank_g = da.shape()[0];
+        std::vector<Tensor> r(5);
+        dispatch_float(dx.dtype(), "lora_linear", [&]<typename T>() {
+          // gu = scale * g B: (rows, rank), the gradient reaching x A^T.
+          Tensor gu = Tensor::uninitialized({rows_g, rank_g}, dx.dtype());
+          if (need_x || need_a) mm2d<T>(g2, false, db, false, gu, T(0), static_cast<T>(scale));
+          if (need_x) {
+            Tensor gx = Tensor::uninitialized(dx.shape(), dx.dtype());
+            mm2d<T>(g2, false, dw, false, gx, T(0));  // g W
+            mm2d<T>(gu, false, da, false, gx, T(1));  // + scale g B A
+            r[0] = gx.view(x_shape);
+          }
+          if (need_w) {
+            Tensor gw = Tensor::uninitialized(dw.shape(), dw.dtype());
+            mm2d<T>(g2, true, dx, false, gw, T(0));
+            r[1] = gw;
+          }
+          if (need_bias) r[2] = sum(g2, 0, false);
+          if (need_a) {
+            Tensor ga = Tensor::uninitialized(da.shape(), da.dtype());
+            mm2d<T>(gu, true, dx, false, ga, T(0));  // (rank, rows) x (rows, in)
+            r[3] = ga;
+          }
+          if (need_b) {
+            Tensor gb = Tensor::uninitialized(db.shape(), db.dtype());
+            mm2d<T>(g2, true, u, false, gb, T(0));  // (out, rows) x (rows, rank)
+            r[4] = gb;
+          }
+        });
+        return r;
+      });
 }
 
 }  // namespace starling::ops

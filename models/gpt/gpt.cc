@@ -108,18 +108,21 @@ Gpt::Gpt(const GptConfig& c, uint64_t seed) : config_(c), dropout_rng_(Rng(seed)
   transformer = register_module("transformer", std::make_shared<GptTrunk>(c, init, dropout_rng_));
 }
 
-Tensor Gpt::forward(const Tensor& idx) const {
+Tensor Gpt::hidden(const Tensor& idx) const {
   Tensor x = transformer->embed(idx);
   x = ops::dropout(x, config_.dropout, training(), const_cast<Rng&>(dropout_rng_));
   for (const auto& block : transformer->h->blocks()) x = block->forward(x);
-  x = transformer->ln_f->forward(x);
-  return ops::linear(x, transformer->wte->weight);  // tied head: (B, T, V)
+  return transformer->ln_f->forward(x);
+}
+
+Tensor Gpt::forward(const Tensor& idx) const {
+  return ops::linear(hidden(idx), transformer->wte->weight);  // tied head: (B, T, V)
 }
 
 Tensor Gpt::loss(const Tensor& idx, const Tensor& targets) const {
-  const Tensor logits = forward(idx);
-  const int64_t v = config_.vocab_size;
-  return ops::cross_entropy(ops::reshape(logits, {-1, v}), targets.reshape({-1}));
+  // The tied head and the loss in one op: (B T, V) logits never exist whole.
+  return ops::linear_cross_entropy(ops::reshape(hidden(idx), {-1, config_.n_embd}),
+                                   transformer->wte->weight, targets.reshape({-1}));
 }
 
 namespace {

@@ -74,7 +74,10 @@ class Gpt : public nn::Module {
 
   // idx: (B, T) i32 with T <= block_size -> logits (B, T, V).
   Tensor forward(const Tensor& idx) const;
-  // Mean cross-entropy of next-token prediction. idx, targets: (B, T) i32 -> scalar.
+  // The trunk's output before the head: ln_f of the last block, (B, T, C).
+  Tensor hidden(const Tensor& idx) const;
+  // Mean cross-entropy of next-token prediction. idx, targets: (B, T) i32 -> scalar. The head
+  // and the loss are one op over chunks of rows (ops::linear_cross_entropy): no (B T, V) logits.
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
 
   // Appends max_new tokens to `prompt` (token ids), sampling with temperature and top-k

@@ -208,3 +208,66 @@ TEST_CASE("make_gpt refuses a base of another shape", "[models][lora]") {
   REQUIRE_FALSE(m.ok());
   REQUIRE_THAT(m.status().message(), Catch::Contains("transformer.wte.weight"));
 }
+
+TEST_CASE("the fused lora_linear op equals the composed ops, values and gradients",
+          "[models][lora]") {
+  Rng r(21);
+  auto make = [&](starling::Shape s, double std) {
+    return Tensor::randn(s, r, std, 0.0, DType::kF64).set_requires_grad(true);
+  };
+  const Tensor x = make({3, 5, 6}, 1.0), w = make({4, 6}, 0.3), bias = make({4}, 0.1),
+               a = make({2, 6}, 0.3), b = make({4, 2}, 0.3);
+  const Tensor fused = ops::lora_linear(x, w, bias, a, b, 1.5);
+  const Tensor composed =
+      ops::add(ops::linear(x, w, bias), ops::mul_scalar(ops::linear(ops::linear(x, a), b), 1.5));
+  REQUIRE(max_abs_diff(fused, composed) < 1e-12);
+  const Tensor weights = Tensor::randn({3, 5, 4}, r, 1.0, 0.0, DType::kF64);
+  auto grads = [&](const Tensor& y) {
+    for (Tensor t : {x, w, bias, a, b}) t.impl()->grad = nullptr;
+    starling::autograd::backward(ops::sum(ops::mul(y, weights)));
+    std::vector<Tensor> g;
+    for (const Tensor& t : {x, w, bias, a, b}) g.push_back(t.grad().clone());
+    return g;
+  };
+  const auto gf = grads(fused), gc = grads(composed);
+  for (size_t i = 0; i < gf.size(); ++i) {
+    INFO("input " << i);
+    REQUIRE(max_abs_diff(gf[i], gc[i]) < 1e-12);
+  }
+  // Frozen weight and bias: float64 gradient check of what trains.
+  const Tensor wf = w.detach().clone(), bf = bias.detach().clone();
+  auto f = [&](const std::vector<Tensor>& in) {
+    return ops::lora_linear(in[0], wf, bf, in[1], in[2], 1.5);
+  };
+  const auto res =
+      starling::testing::gradcheck(f, {x.detach().clone(), a.detach().clone(), b.detach().clone()});
+  INFO(res.worst);
+  REQUIRE(res.max_rel_error < 1e-6);
+}
+
+TEST_CASE("linear_cross_entropy equals the head's logits through cross_entropy", "[models][lora]") {
+  Rng r(31);
+  const Tensor x = Tensor::randn({7, 5}, r, 1.0, 0.0, DType::kF64).set_requires_grad(true);
+  const Tensor w = Tensor::randn({11, 5}, r, 0.5, 0.0, DType::kF64).set_requires_grad(true);
+  const Tensor t = Tensor::from_vector(std::vector<int32_t>{3, 0, 10, -100, 4, 4, 9}, {7});
+  // Chunks of 3 rows: three chunks, the last one partial; one row ignored.
+  const Tensor fused = ops::linear_cross_entropy(x, w, t, 3);
+  const Tensor plain = ops::cross_entropy(ops::linear(x, w), t);
+  REQUIRE(std::fabs(fused.item() - plain.item()) < 1e-12);
+  auto grads = [&](const Tensor& loss) {
+    x.impl()->grad = nullptr;
+    w.impl()->grad = nullptr;
+    starling::autograd::backward(ops::mul_scalar(loss, 1.7));
+    return std::make_pair(x.grad().clone(), w.grad().clone());
+  };
+  const auto [gxf, gwf] = grads(fused);
+  const auto [gxp, gwp] = grads(plain);
+  REQUIRE(max_abs_diff(gxf, gxp) < 1e-12);
+  REQUIRE(max_abs_diff(gwf, gwp) < 1e-12);
+  auto f = [&](const std::vector<Tensor>& in) {
+    return ops::linear_cross_entropy(in[0], in[1], t, 2);
+  };
+  const auto res = starling::testing::gradcheck(f, {x.detach().clone(), w.detach().clone()});
+  INFO(res.worst);
+  REQUIRE(res.max_rel_error < 1e-6);
+}

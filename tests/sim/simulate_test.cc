@@ -384,3 +384,90 @@ TEST_CASE("a federated GPT on GPT-2's BPE tokens: trains, checkpoints, validated
 
 }  // namespace
 }  // namespace starling::sim
+
+namespace starling::sim {
+namespace {
+
+// Federated LoRA on a pretrained base: the tiny GPT-2 that `transformers` wrote
+// (tests/fixtures/hf_gpt2_tiny), its own 320-token BPE, rank-4 adapters on every projection.
+v1::FederationConfig lora_config() {
+  v1::FederationConfig cfg;
+  REQUIRE(config::parse_toml(default_config_toml(), "default", &cfg).ok());
+  const std::string base =
+      "hf:" + (fs::path(STARLING_SOURCE_DIR) / "tests" / "fixtures" / "hf_gpt2_tiny").string();
+  REQUIRE(apply_overrides(
+              {"model.init_from=\"" + base + "\"", "lora.rank=4", "lora.alpha=8",
+               "rounds.num_rounds=3", "rounds.clients_per_round=4",
+               "model.local_optimizer=\"ADAMW\"", "local.codec=\"identity\"", "local.local_steps=4",
+               "local.batch_size=4", "local.learning_rate=0.01", "eval.max_examples=16",
+               "eval.every_rounds=1", "simulate.progress=false", "simulate.central_baseline=false"},
+              &cfg)
+              .ok());
+  cfg.mutable_model()->clear_n_layer();
+  cfg.mutable_model()->clear_n_head();
+  cfg.mutable_model()->clear_n_embd();
+  return cfg;
+}
+
+TEST_CASE("federated LoRA moves only the adapters and lowers the pretrained model's loss",
+          "[sim][lora]") {
+  if (!have_data("tinyshakespeare/input.txt")) return;
+  v1::FederationConfig cfg = lora_config();
+  auto task = SimTask::create(cfg, "lora.toml");
+  REQUIRE(task.ok());
+  // The federation's vector is the adapters: 2 blocks x (4 (32 + 96) + 4 (32 + 32) +
+  // 4 (32 + 128) + 4 (128 + 32)) = 4,096 beside the base's 36,736.
+  const auto& layout = (*task)->layout();
+  REQUIRE(layout.size() == 16);
+  for (const auto& e : layout) REQUIRE_THAT(e.name, Contains(".lora_"));
+  const auto initial = (*task)->initial_model();
+  REQUIRE(initial.size() == 4096);
+  CHECK_THAT((*task)->describe(), Contains("LoRA rank 4") && Contains("4096 trained and moved"));
+  // Round 0's model is the base: its loss is the pretrained model's.
+  const double base_loss = (*task)->evaluate(initial).loss;
+
+  const fs::path dir = fresh_dir("lora");
+  auto s = run_simulation(cfg, "lora.toml", quiet(dir));
+  REQUIRE(s.ok());
+  CHECK(s->rounds == 3);
+  CHECK(s->final_loss < base_loss);
+  // 4 clients x 3 rounds of 4,096 f32 adapters, plus framing: far below 36,736-float models.
+  CHECK(s->bytes_total < 12 * 36736 * 4);
+  // The saved model is a plain GPT-2-shaped checkpoint with the adapters merged in.
+  auto gpt = models::load_gpt_checkpoint(dir / "model.safetensors");
+  REQUIRE(gpt.ok());
+  CHECK(gpt->tokenizer->vocab_size() == 320);
+  CHECK(gpt->model->config().bias);
+  CHECK(gpt->model->config().gelu_tanh);
+  CHECK(gpt->model->num_parameters() == 36736);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a shape key that disagrees with init_from, or [lora] on another arch, is an error",
+          "[sim][lora]") {
+  if (!have_data("tinyshakespeare/input.txt")) return;
+  v1::FederationConfig cfg = lora_config();
+  cfg.mutable_model()->set_n_embd(64);
+  auto t = SimTask::create(cfg, "lora.toml");
+  REQUIRE_FALSE(t.ok());
+  CHECK_THAT(t.status().message(),
+             Contains("lora.toml: key 'model.n_embd' = 64") && Contains("has 32"));
+  cfg = lora_config();
+  cfg.mutable_model()->set_block_size(64);
+  t = SimTask::create(cfg, "lora.toml");
+  REQUIRE_FALSE(t.ok());
+  CHECK_THAT(t.status().message(), Contains("model.block_size") && Contains("32 positions"));
+  cfg = lora_config();
+  cfg.mutable_model()->set_init_from("hf:/nonexistent/dir");
+  t = SimTask::create(cfg, "lora.toml");
+  REQUIRE_FALSE(t.ok());
+  CHECK_THAT(t.status().message(), Contains("model.init_from") && Contains("/nonexistent/dir"));
+  cfg = lora_config();
+  cfg.mutable_lora()->add_targets("attn.q");
+  t = SimTask::create(cfg, "lora.toml");
+  REQUIRE_FALSE(t.ok());
+  CHECK_THAT(t.status().message(), Contains("lora.targets"));
+}
+
+}  // namespace
+}  // namespace starling::sim
