@@ -326,6 +326,10 @@ run_config() {
   case "$name" in
     gpt_char_shakespeare) kind=train; run_train "$cfg" train.batch_size=4 ;;
     gpt_char_cpu | gpt_char_rope_cpu) kind=train; run_train "$cfg" ;;
+    gpt2_lora_shakespeare)
+      # The base swapped for the transformers-written fixture (32 positions).
+      kind=train
+      run_train "$cfg" "model.init_from=\"hf:$repo/tests/fixtures/hf_gpt2_tiny\"" model.block_size=32 ;;
     gpt2_base_wikitext)
       # WikiText-2 is not among the fixtures: the same model on Tiny Shakespeare.
       kind=train; run_train "$cfg" 'data.dataset="tinyshakespeare"' ;;

@@ -95,10 +95,14 @@ Result<models::TrainSummary> train_gpt_ranks(const v1::RunConfig& cfg, const std
                             " (each rank takes batch_size / ranks rows)");
   }
   if (!(ro.bucket_mb > 0)) return invalid_argument("--bucket-mb must be positive");
+  if (!cfg.model().init_from().empty() || cfg.lora().rank() > 0) {
+    return unimplemented(source + ": --ranks " + std::to_string(n) +
+                         " trains from scratch; model.init_from and [lora] run without --ranks");
+  }
 
   ASSIGN_OR_RETURN(models::TextData text_data, models::load_text_data(cfg, source));
   const data::TextDataset& ds = text_data.dataset;
-  const std::unique_ptr<data::Tokenizer>& tokenizer = text_data.tokenizer;
+  const std::shared_ptr<const data::Tokenizer>& tokenizer = text_data.tokenizer;
   models::GptConfig gc = models::GptConfig::from_proto(cfg.model(), tokenizer->vocab_size());
   RETURN_IF_ERROR(gc.validate(), source);
   if (gc.vocab_size < tokenizer->vocab_size()) {
@@ -534,11 +538,14 @@ void register_eval(CLI::App& app, CommandContext& ctx) {
                            ": eval reads GPT and MDLM checkpoints; for a DDPM use `starling "
                            "sample --classify`");
     }
-    // The checkpoint's own config names the data; its tokenizer must be the one rebuilt here.
-    auto with_data = [&](v1::RunConfig cfg,
-                         const data::Tokenizer& tok) -> Result<models::TextData> {
+    // The checkpoint's own config names the data. A GPT's text goes through the checkpoint's
+    // tokenizer (`use`: a fine-tuned model keeps its base's vocabulary); otherwise the one
+    // rebuilt here must be the checkpoint's.
+    auto with_data = [&](v1::RunConfig cfg, const data::Tokenizer& tok,
+                         std::shared_ptr<const data::Tokenizer> use =
+                             nullptr) -> Result<models::TextData> {
       if (!o->data_dir.empty()) cfg.mutable_data()->set_data_dir(o->data_dir);
-      ASSIGN_OR_RETURN(models::TextData text, models::load_text_data(cfg, ckpt));
+      ASSIGN_OR_RETURN(models::TextData text, models::load_text_data(cfg, ckpt, std::move(use)));
       if (text.tokenizer->vocab_size() != tok.vocab_size()) {
         return failed_precondition(
             ckpt + ": the data's tokenizer has " + std::to_string(text.tokenizer->vocab_size()) +
@@ -576,7 +583,8 @@ void register_eval(CLI::App& app, CommandContext& ctx) {
     }
     auto loaded = models::load_gpt_checkpoint(ckpt, o->data_dir);
     if (!loaded.ok()) return fail(ctx, loaded.status().message());
-    auto text = with_data(loaded->config, *loaded->tokenizer);
+    std::shared_ptr<const data::Tokenizer> tokenizer = std::move(loaded->tokenizer);
+    auto text = with_data(loaded->config, *tokenizer, tokenizer);
     if (!text.ok()) return fail(ctx, text.status().message());
     const int64_t len = loaded->model->config().block_size;
     const int64_t b = o->batch > 0 ? o->batch : loaded->config.train().batch_size();

@@ -77,6 +77,13 @@ Status validate_run_config(const starling::v1::RunConfig& c, std::string_view so
     }
   }
 
+  if (m.arch() != starling::v1::ModelConfig::GPT) {
+    k.text(m.init_from().empty(), "key 'model.init_from' applies to model.arch = \"gpt\" only");
+    k.text(c.lora().rank() == 0, "[lora] applies to model.arch = \"gpt\" only");
+    k.text(m.activation() != starling::v1::ModelConfig::GELU_TANH,
+           "key 'model.activation' = \"gelu_tanh\" applies to model.arch = \"gpt\" only");
+  }
+
   const auto& d = c.data();
   k.require(d.val_fraction() > 0 && d.val_fraction() < 1, "data.val_fraction", d.val_fraction(),
             "must be in (0, 1)");

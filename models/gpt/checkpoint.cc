@@ -128,7 +128,8 @@ Result<LoadedGpt> load_gpt_checkpoint(const std::filesystem::path& path,
   return out;
 }
 
-Result<TextData> load_text_data(const v1::RunConfig& cfg, const std::string& config_source) {
+Result<TextData> load_text_data(const v1::RunConfig& cfg, const std::string& config_source,
+                                std::shared_ptr<const data::Tokenizer> given) {
   ASSIGN_OR_RETURN(auto data_dir, data::resolve_data_dir(cfg.data().data_dir()),
                    config_source + ": data.data_dir");
   std::filesystem::path path;
@@ -139,7 +140,10 @@ Result<TextData> load_text_data(const v1::RunConfig& cfg, const std::string& con
                      config_source + ": data.dataset");
   }
   ASSIGN_OR_RETURN(std::string text, data::read_text_file(path), config_source + ": data");
-  ASSIGN_OR_RETURN(auto tokenizer, make_tokenizer(cfg.data(), text, data_dir));
+  std::shared_ptr<const data::Tokenizer> tokenizer = std::move(given);
+  if (!tokenizer) {
+    ASSIGN_OR_RETURN(tokenizer, make_tokenizer(cfg.data(), text, data_dir));
+  }
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->encode(text), path.string());
   ASSIGN_OR_RETURN(data::TextDataset ds,
                    data::TextDataset::from_tokens(std::move(ids), cfg.data().val_fraction()));

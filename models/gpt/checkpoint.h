@@ -53,9 +53,11 @@ Result<std::unique_ptr<data::Tokenizer>> make_tokenizer(const v1::DataConfig& da
 // name `config_source` and the key; logs one "data: ..." line.
 struct TextData {
   std::filesystem::path path;
-  std::unique_ptr<data::Tokenizer> tokenizer;
+  std::shared_ptr<const data::Tokenizer> tokenizer;
   data::TextDataset dataset;
 };
-Result<TextData> load_text_data(const v1::RunConfig& config, const std::string& config_source);
+// `tokenizer`, when given, replaces the one [data] names (a pretrained model's own).
+Result<TextData> load_text_data(const v1::RunConfig& config, const std::string& config_source,
+                                std::shared_ptr<const data::Tokenizer> tokenizer = nullptr);
 
 }  // namespace starling::models

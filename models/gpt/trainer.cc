@@ -1,6 +1,8 @@
 // train_gpt: nanoGPT's training loop in C++ (same batches, schedule, clipping and evaluation).
 #include "models/gpt/trainer.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
@@ -8,6 +10,7 @@
 #include <chrono>
 #include <fstream>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include "core/autograd/autograd.h"
@@ -17,6 +20,8 @@
 #include "core/data/text_file.h"
 #include "core/optim/optimizer.h"
 #include "models/gpt/checkpoint.h"
+#include "models/gpt/hf.h"
+#include "models/gpt/lora.h"
 
 namespace starling::models {
 
@@ -52,29 +57,40 @@ Result<std::pair<double, double>> estimate_loss(GptEngine& engine, const data::T
 
 // The default engine: the autograd Gpt with core/optim's AdamW (or SGD), weight decay on the
 // matrices only.
+// With a pretrained `base` the weights start from it; with `lora` enabled the base is frozen
+// (shared, not copied) and the optimizer steps the adapters only.
 class AutogradEngine final : public GptEngine {
  public:
-  AutogradEngine(const GptConfig& gc, const v1::TrainConfig& tc)
-      : model_(gc, tc.seed()), opt_(make_optimizer(model_.parameters(), tc)) {}
-  std::string describe() const override { return "autograd engine"; }
-  int64_t num_parameters() const override { return model_.num_parameters(); }
+  AutogradEngine(std::unique_ptr<Gpt> model, const v1::TrainConfig& tc, const LoraSpec& lora)
+      : model_(std::move(model)),
+        params_(model_->trainable_parameters()),
+        opt_(make_optimizer(params_, tc)),
+        lora_(lora) {}
+  std::string describe() const override {
+    if (!lora_.enabled()) return "autograd engine";
+    return fmt::format("autograd engine, LoRA rank {} on {} ({} trained parameters)", lora_.rank,
+                       fmt::join(lora_.targets, ", "), model_->num_trainable_parameters());
+  }
+  int64_t num_parameters() const override { return model_->num_parameters(); }
   Result<Step> step(const data::Batch& batch, double lr, double grad_clip) override {
     const AutogradStep r =
-        autograd_step(model_.loss(batch.x, batch.y), model_.parameters(), *opt_, lr, grad_clip);
+        autograd_step(model_->loss(batch.x, batch.y), params_, *opt_, lr, grad_clip);
     return Step{r.loss, r.grad_norm};
   }
   Result<double> eval_loss(const data::Batch& batch) override {
     autograd::NoGradGuard ng;
-    model_.train(false);
-    const double loss = model_.loss(batch.x, batch.y).item();
-    model_.train(true);
+    model_->train(false);
+    const double loss = model_->loss(batch.x, batch.y).item();
+    model_->train(true);
     return loss;
   }
-  Result<const Gpt*> host_model() override { return &model_; }
+  Result<const Gpt*> host_model() override { return model_.get(); }
 
  private:
-  Gpt model_;
+  std::unique_ptr<Gpt> model_;
+  std::vector<Tensor> params_;
   std::unique_ptr<optim::Optimizer> opt_;
+  LoraSpec lora_;
 };
 
 }  // namespace
@@ -121,15 +137,62 @@ Result<std::pair<double, int64_t>> full_split_loss(
   return std::make_pair(windows > 0 ? total / static_cast<double>(windows) : 0.0, windows);
 }
 
-Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& config_source,
+Result<TrainSummary> train_gpt(const v1::RunConfig& cfg_in, const std::string& config_source,
                                const GptEngineFactory& make) {
+  v1::RunConfig cfg = cfg_in;
   const auto& tc = cfg.train();
   if (tc.threads() > 0) omp_set_num_threads(tc.threads());
 
+  // A pretrained start ([model] init_from) brings the shape and the tokenizer; [model]
+  // block_size, when set, is the context trained on (at most the base's positions).
+  std::unique_ptr<Gpt> base;
+  std::shared_ptr<const data::Tokenizer> base_tokenizer;
+  int64_t context = 0;
+  if (!cfg.model().init_from().empty()) {
+    const std::string key = config_source + ": model.init_from";
+    ASSIGN_OR_RETURN(auto data_dir, data::resolve_data_dir(cfg.data().data_dir()), key);
+    ASSIGN_OR_RETURN(PretrainedGpt pre, load_pretrained_gpt(cfg.model().init_from(), data_dir),
+                     key);
+    const auto& m = cfg_in.model();
+    for (const auto& [name, set, value, want] :
+         {std::tuple<const char*, bool, int64_t, int64_t>{"n_layer", m.has_n_layer(), m.n_layer(),
+                                                          pre.model.n_layer()},
+          {"n_head", m.has_n_head(), m.n_head(), pre.model.n_head()},
+          {"n_embd", m.has_n_embd(), m.n_embd(), pre.model.n_embd()},
+          {"vocab_size", m.has_vocab_size() && m.vocab_size() > 0, m.vocab_size(),
+           pre.model.vocab_size()}}) {
+      if (set && value != want) {
+        return invalid_argument(fmt::format(
+            "{}: key 'model.{}' = {}, but the pretrained model ({}) has {}; remove the key",
+            config_source, name, value, pre.describe, want));
+      }
+    }
+    if (m.has_block_size() && m.block_size() > pre.model.block_size()) {
+      return invalid_argument(
+          fmt::format("{}: key 'model.block_size' = {} (the training context) is longer than the "
+                      "pretrained model's {} positions",
+                      config_source, m.block_size(), pre.model.block_size()));
+    }
+    context = m.has_block_size() ? m.block_size() : pre.model.block_size();
+    const std::string init_from = cfg.model().init_from();
+    *cfg.mutable_model() = pre.model;
+    cfg.mutable_model()->set_init_from(init_from);
+    cfg.mutable_model()->set_dropout(m.dropout());
+    base = std::move(pre.gpt);
+    base_tokenizer = std::move(pre.tokenizer);
+    spdlog::info("model: {} from {}", pre.describe, init_from);
+  }
+  ASSIGN_OR_RETURN(const LoraSpec lora, lora_spec_from_proto(cfg.lora(), config_source));
+  if ((lora.enabled() || base) && make) {
+    return unimplemented(config_source + (lora.enabled() ? ": [lora]" : ": model.init_from") +
+                         " trains on the autograd engine for now; set train.engine = "
+                         "\"autograd\" (and no --device cuda)");
+  }
+
   // Data.
-  ASSIGN_OR_RETURN(TextData text_data, load_text_data(cfg, config_source));
+  ASSIGN_OR_RETURN(TextData text_data, load_text_data(cfg, config_source, base_tokenizer));
   const data::TextDataset& ds = text_data.dataset;
-  const std::unique_ptr<data::Tokenizer>& tokenizer = text_data.tokenizer;
+  const std::shared_ptr<const data::Tokenizer>& tokenizer = text_data.tokenizer;
 
   // Model and optimizer.
   GptConfig gc = GptConfig::from_proto(cfg.model(), tokenizer->vocab_size());
@@ -148,8 +211,17 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& conf
   if (make) {
     ASSIGN_OR_RETURN(engine, make(gc, cfg), config_source);
   } else {
-    engine = std::make_unique<AutogradEngine>(gc, tc);
+    ASSIGN_OR_RETURN(auto model, make_gpt(gc, tc.seed(), base.get(), lora), config_source);
+    engine = std::make_unique<AutogradEngine>(std::move(model), tc, lora);
   }
+  base.reset();  // a LoRA model shares the base's storage; a full fine-tune copied it
+  // The context trained on; the checkpoints' config describes the whole model (its position
+  // table) and no longer needs the base: the weights it holds are complete (adapters merged).
+  if (context > 0) cfg.mutable_model()->set_block_size(static_cast<int32_t>(context));
+  v1::RunConfig ckpt_cfg = cfg;
+  ckpt_cfg.mutable_model()->set_block_size(static_cast<int32_t>(gc.block_size));
+  ckpt_cfg.mutable_model()->clear_init_from();
+  ckpt_cfg.clear_lora();
   spdlog::info("model: GPT L={} H={} C={} T={} V={}, {:.2f}M parameters, seed {}; {}", gc.n_layer,
                gc.n_head, gc.n_embd, gc.block_size, gc.vocab_size,
                static_cast<double>(engine->num_parameters()) / 1e6, tc.seed(), engine->describe());
@@ -162,7 +234,7 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& conf
 
   Rng batch_rng(tc.seed() + 1);
   Rng eval_rng(tc.seed() + 2);
-  const int64_t b = tc.batch_size(), t = gc.block_size;
+  const int64_t b = tc.batch_size(), t = cfg.model().block_size();
   const int64_t max_iters = tc.max_iters();
   TrainSummary sum;
   sum.best_val_loss = 1e30;
@@ -191,9 +263,9 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg, const std::string& conf
       if (it > 0 && losses.second < sum.best_val_loss) {
         sum.best_val_loss = losses.second;
         RETURN_IF_ERROR(
-            save_gpt_checkpoint(out_dir / "best.safetensors", *model, cfg, *tokenizer, info));
+            save_gpt_checkpoint(out_dir / "best.safetensors", *model, ckpt_cfg, *tokenizer, info));
       }
-      RETURN_IF_ERROR(save_gpt_checkpoint(sum.checkpoint, *model, cfg, *tokenizer, info));
+      RETURN_IF_ERROR(save_gpt_checkpoint(sum.checkpoint, *model, ckpt_cfg, *tokenizer, info));
     }
     if (it == max_iters) break;
 

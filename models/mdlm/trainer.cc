@@ -184,7 +184,7 @@ Result<TrainSummary> train_mdlm(const v1::RunConfig& cfg, const std::string& con
   // Data.
   ASSIGN_OR_RETURN(TextData text_data, load_text_data(cfg, config_source));
   const data::TextDataset& ds = text_data.dataset;
-  const std::unique_ptr<data::Tokenizer>& tokenizer = text_data.tokenizer;
+  const std::shared_ptr<const data::Tokenizer>& tokenizer = text_data.tokenizer;
 
   // Model and optimizer.
   const MdlmConfig mc = MdlmConfig::from_proto(cfg, tokenizer->vocab_size());

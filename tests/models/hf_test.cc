@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -14,6 +15,8 @@
 #include "core/io/safetensors.h"
 #include "models/gpt/checkpoint.h"
 #include "models/gpt/lora.h"
+#include "models/gpt/trainer.h"
+#include "tests/testing/tiny_runs.h"
 
 using starling::max_abs_diff;
 using starling::Tensor;
@@ -290,4 +293,50 @@ TEST_CASE("broken Hugging Face directories are refused naming the tensor or key"
     write(dir / "config.json", "{\"model_type\": \"gpt2\",");
     REQUIRE_THAT(load_error(dir), Catch::Contains("config.json: malformed JSON"));
   }
+}
+
+TEST_CASE("starling train fine-tunes an imported model with LoRA into a merged checkpoint",
+          "[models][hf][lora]") {
+  const auto dir = temp_dir("train_lora");
+  const std::string model = "[model]\narch = \"gpt\"\ninit_from = \"hf:" + fixture().string() +
+                            "\"\nblock_size = 16\n[lora]\nrank = 4\nalpha = 8\n";
+  const auto cfg = starling::testing::tiny_text_run(dir, "lora", model);
+  auto r = models::train_gpt(cfg, "lora.toml");
+  INFO(r.status().message());
+  REQUIRE(r.ok());
+  auto trained = models::load_gpt_checkpoint(dir / "lora" / "ckpt.safetensors");
+  REQUIRE(trained.ok());
+  // The base's shape, position table and tokenizer; the context trained on was 16.
+  REQUIRE(trained->model->config().block_size == 32);
+  REQUIRE(trained->model->config().gelu_tanh);
+  REQUIRE(trained->tokenizer->vocab_size() == 320);
+  REQUIRE(trained->config.model().init_from().empty());
+  auto base = models::load_hf_gpt2(fixture());
+  REQUIRE(base.ok());
+  // Only the four adapted projections changed; every other tensor is the base's, bit for bit.
+  std::map<std::string, Tensor> before;
+  for (auto& [name, t] : base->gpt->named_parameters()) before.emplace(name, t);
+  int changed = 0;
+  for (auto& [name, t] : trained->model->named_parameters()) {
+    INFO(name);
+    const bool adapted = name.ends_with("c_attn.weight") || name.ends_with("c_proj.weight") ||
+                         name.ends_with("c_fc.weight");
+    const double d = max_abs_diff(t, before.at(name));
+    if (adapted) {
+      REQUIRE(d > 0);
+      ++changed;
+    } else {
+      REQUIRE(d == 0);
+    }
+  }
+  REQUIRE(changed == 8);
+  // The context may not exceed the base's positions, and the shape is the base's.
+  auto long_ctx = starling::testing::tiny_text_run(dir, "long", model);
+  long_ctx.mutable_model()->set_block_size(64);
+  REQUIRE_THAT(models::train_gpt(long_ctx, "long.toml").status().message(),
+               Catch::Contains("model.block_size") && Catch::Contains("32 positions"));
+  auto wide = starling::testing::tiny_text_run(dir, "wide", model);
+  wide.mutable_model()->set_n_embd(64);
+  REQUIRE_THAT(models::train_gpt(wide, "wide.toml").status().message(),
+               Catch::Contains("key 'model.n_embd' = 64") && Catch::Contains("has 32"));
 }
