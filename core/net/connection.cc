@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <asio/error.hpp>
 #include <asio/ssl/error.hpp>
 #include <asio/write.hpp>
@@ -290,7 +291,11 @@ void Connection::do_write() {
   });
   asio::async_write(
       *stream_, buffers, [self = shared_from_this()](const asio::error_code& ec, size_t) {
-        if (self->closed_) return;
+        if (self->closed_) {
+          self->queue_.clear();  // the frames teardown kept for this write
+          self->writing_count_ = 0;
+          return;
+        }
         self->write_timer_.cancel();
         self->last_write_ = Clock::now();
         if (ec) {
@@ -362,7 +367,11 @@ void Connection::teardown(const Status& reason) {
   write_timer_.cancel();
   trim_timer_.cancel();
   stream_->lowest_layer().close(ignored);
-  queue_.clear();
+  // Frames handed to async_write stay alive until its handler runs: the composed write may still
+  // call SSL_write on them (a partial write in progress) after the socket is closed.
+  queue_.erase(
+      queue_.begin() + static_cast<std::ptrdiff_t>(std::min(writing_count_, queue_.size())),
+      queue_.end());
   spare_.clear();
   queued_bytes_ = 0;
   // Handlers may hold a shared_ptr to this connection: release them to break the cycle.
