@@ -101,27 +101,38 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
   check(c.data().num_clients() > 0, "data.num_clients", "must be positive");
   check(c.data().alpha() > 0, "data.alpha", "must be positive");
   check(c.data().shards_per_client() > 0, "data.shards_per_client", "must be positive");
-  check(c.data().dataset() == "mnist" || c.data().dataset() == "fashion-mnist" ||
-            c.data().dataset() == "shakespeare",
-        "data.dataset", "must be mnist, fashion-mnist or shakespeare");
+  const bool shakespeare = c.data().dataset() == "shakespeare";
+  const bool wikitext =
+      c.data().dataset() == "wikitext-2-test" || c.data().dataset() == "wikitext-2-valid";
+  const bool text_data = shakespeare || wikitext;
+  check(c.data().dataset() == "mnist" || c.data().dataset() == "fashion-mnist" || text_data,
+        "data.dataset",
+        "must be mnist, fashion-mnist, shakespeare, wikitext-2-test or "
+        "wikitext-2-valid");
   const bool roles = c.data().partition() == v1::FedDataConfig::ROLES;
+  const bool articles = c.data().partition() == v1::FedDataConfig::ARTICLES;
   const bool external = c.model().arch() == v1::FedModelConfig::EXTERNAL;
   const bool exec = c.client().trainer() == v1::FedClientConfig::EXEC;
   const bool text_model =
       c.model().arch() == v1::FedModelConfig::GPT || c.model().arch() == v1::FedModelConfig::MDLM;
   if (!external) {  // the user's own model brings its own data (data.path, or its trainer's)
-    check(roles == (c.data().dataset() == "shakespeare"), "data.partition",
+    check(roles == shakespeare, "data.partition",
           "must be ROLES exactly when data.dataset is shakespeare");
-    check(text_model == (c.data().dataset() == "shakespeare"), "model.arch",
-          "must be GPT or MDLM exactly when data.dataset is shakespeare");
+    check(articles == wikitext, "data.partition",
+          "must be ARTICLES exactly when data.dataset is wikitext-2-test or wikitext-2-valid");
+    check(text_model == text_data, "model.arch",
+          "must be GPT or MDLM exactly when data.dataset is text (shakespeare, wikitext-2-*)");
+    check(!wikitext || c.model().arch() == v1::FedModelConfig::GPT, "model.arch",
+          "must be GPT on WikiText-2 (MDLM federates Tiny Shakespeare's roles)");
   }
   if (external) {
     check(!c.model().weights().empty(), "model.weights",
           "must name the initial weights (safetensors) when model.arch is EXTERNAL");
   }
   check(c.data().tokenizer() == v1::DataConfig::CHAR ||
-            (c.model().arch() == v1::FedModelConfig::GPT && c.data().dataset() == "shakespeare"),
-        "data.tokenizer", "GPT2 applies to model.arch GPT on data.dataset shakespeare only");
+            (c.model().arch() == v1::FedModelConfig::GPT && text_data),
+        "data.tokenizer",
+        "GPT2 applies to model.arch GPT on text data (shakespeare, wikitext-2-*)");
   check(c.model().eval_command().empty() || external, "model.eval_command",
         "applies to model.arch EXTERNAL only");
   check(c.model().weights().empty() || external, "model.weights",
@@ -412,6 +423,8 @@ Result<data::Partition> make_partition(const v1::FederationConfig& c, const data
           train.labels, clients, static_cast<int>(c.data().shards_per_client()), c.data().seed());
     case v1::FedDataConfig::ROLES:
       return invalid_argument("data.partition ROLES splits Shakespeare text, not images");
+    case v1::FedDataConfig::ARTICLES:
+      return invalid_argument("data.partition ARTICLES splits WikiText, not images");
   }
   return invalid_argument("unknown partition");
 }

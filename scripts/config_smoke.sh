@@ -359,6 +359,13 @@ run_config() {
       st export hf "$out/state/model.safetensors" --out "$out/hf"
       st import hf "$out/hf" --out "$out/reimported.safetensors"
       st sample "$out/reimported.safetensors" -n 8 ;;
+    fed_gpt2_lora_wiki)
+      # WikiText-2's first 8 test articles (the fixture cut), the tiny transformers-written
+      # GPT-2 as the base (its BPE tokenizes the articles).
+      kind=simulate
+      run_simulate "$cfg" "model.init_from=\"hf:$repo/tests/fixtures/hf_gpt2_tiny\"" \
+        model.block_size=32 local.local_steps=2 eval.max_examples=32 rounds.clients_per_round=4 \
+        rounds.num_rounds=2 eval.every_rounds=1 simulate.central_baseline=false ;;
 
     sim_default | sim_shakespeare_codecs)
       kind=simulate; run_simulate "$cfg" local.local_steps=2 eval.max_examples=64 ;;

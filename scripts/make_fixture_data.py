@@ -69,6 +69,9 @@ def sha256(path):
     return h.hexdigest()
 
 
+WIKI_ARTICLES = 8
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(here)
@@ -110,6 +113,27 @@ def main():
     for name in ("encoder.json", "vocab.bpe"):
         shutil.copyfile(os.path.join(args.data_dir, "gpt2", name), os.path.join(bpe_dst, name))
         written.append("gpt2/" + name)
+
+    # WikiText-2 test: its first WIKI_ARTICLES articles, whole lines, bytes unchanged (the article
+    # partition of configs/fed_gpt2_lora_wiki.toml gets one client per article).
+    with open(os.path.join(args.data_dir, "wikitext-2", "wiki.test.tokens"), "rb") as f:
+        wiki = f.read()
+    kept, titles = [], 0
+    for line in wiki.split(b"\n")[:-1]:
+        s = line.strip(b" \r")
+        title = (len(s) >= 5 and s.startswith(b"= ") and s.endswith(b" =")
+                 and s[2:3] != b"=" and s[-3:-2] != b"=")
+        if title:
+            titles += 1
+            if titles > WIKI_ARTICLES:
+                break
+        kept.append(line + b"\n")
+    wiki_dst = os.path.join(args.out, "wikitext-2")
+    os.makedirs(wiki_dst, exist_ok=True)
+    with open(os.path.join(wiki_dst, "wiki.test.tokens"), "wb") as f:
+        f.write(b"".join(kept))
+    written.append("wikitext-2/wiki.test.tokens")
+    print(f"wikitext-2/wiki.test.tokens: first {WIKI_ARTICLES} articles")
 
     total = 0
     for rel in written:

@@ -1,5 +1,6 @@
-// The language models of federations (model.arch GPT and MDLM) on Tiny Shakespeare split by
-// speaking role: the GPT task here, the MDLM's in sim/diffusion_task.cc over the same split.
+// The language models of federations (model.arch GPT and MDLM) on naturally split text: Tiny
+// Shakespeare by speaking role, WikiText-2 by article (GPT). The GPT task here, the MDLM's in
+// sim/diffusion_task.cc over the same role split.
 #include "sim/gpt_task.h"
 
 #include <fmt/format.h>
@@ -19,6 +20,7 @@
 #include "core/data/local_data.h"
 #include "core/data/shakespeare_roles.h"
 #include "core/data/text_file.h"
+#include "core/data/wikitext_articles.h"
 #include "edge_client/fused_gpt_trainer.h"
 #include "edge_client/gpt_trainer.h"
 #include "edge_client/model_params.h"
@@ -56,6 +58,14 @@ Result<std::shared_ptr<const std::vector<int32_t>>> local_tokens(const std::file
   return std::make_shared<const std::vector<int32_t>>(std::move(ids));
 }
 
+// Which text a task's clients split, for its description and its checkpoints.
+struct TextCorpus {
+  std::string describe;  // "Tiny Shakespeare by speaking role"
+  std::string dataset;   // the checkpoint's data.dataset, for `starling eval` / `sample`
+  std::string prompt;    // the checkpoint's sample prompt
+  std::string minor;     // "minor roles"
+};
+
 class ShakespeareTask final : public SimTask {
  public:
   // `base`: the pretrained model of model.init_from (null: random init from model.seed);
@@ -63,8 +73,9 @@ class ShakespeareTask final : public SimTask {
   ShakespeareTask(const v1::FederationConfig& c, std::shared_ptr<const data::Tokenizer> tok,
                   std::shared_ptr<const std::vector<int32_t>> train, std::vector<int64_t> bounds,
                   std::vector<int32_t> test, std::vector<std::string> names, int64_t minor,
-                  std::shared_ptr<const models::Gpt> base, models::LoraSpec lora)
+                  std::shared_ptr<const models::Gpt> base, models::LoraSpec lora, TextCorpus corpus)
       : config_(c),
+        corpus_(std::move(corpus)),
         tokenizer_(std::move(tok)),
         train_(std::move(train)),
         bounds_(std::move(bounds)),
@@ -212,10 +223,10 @@ class ShakespeareTask final : public SimTask {
     *rc.mutable_model() = models::model_proto(options_.model);
     rc.mutable_train()->set_batch_size(
         std::max<int32_t>(1, static_cast<int32_t>(config_.local().batch_size())));
-    rc.mutable_data()->set_dataset("tinyshakespeare");
+    rc.mutable_data()->set_dataset(corpus_.dataset);
     rc.mutable_data()->set_tokenizer(config_.data().tokenizer());
     rc.mutable_data()->set_data_dir(config_.data().data_dir());
-    rc.mutable_sample()->set_prompt("ROMEO:\n");
+    rc.mutable_sample()->set_prompt(corpus_.prompt);
     // The checkpoint's val loss is the held-out loss of these weights (what `starling sample`
     // reports); a federation has no one train loss, so the round's mean is not repeated here.
     const TaskEval eval = evaluate_model(model);
@@ -224,9 +235,9 @@ class ShakespeareTask final : public SimTask {
   }
   std::string describe() const override {
     return fmt::format(
-        "Tiny Shakespeare by speaking role: {} clients ({} train characters; {} minor roles {}), "
+        "{}: {} clients ({} train tokens; {} {} {}), "
         "{} GPT L={} H={} C={} T={}, {} parameters{}{}",
-        names_.size(), train_->size(), minor_,
+        corpus_.describe, names_.size(), train_->size(), minor_, corpus_.minor,
         config_.data().merge_minor_roles() ? "merged" : "dropped", tokenizer_->name(),
         options_.model.n_layer, options_.model.n_head, options_.model.n_embd, options_.window(),
         model_->num_parameters(),
@@ -243,6 +254,7 @@ class ShakespeareTask final : public SimTask {
 
  private:
   v1::FederationConfig config_;
+  TextCorpus corpus_;
   std::shared_ptr<const data::Tokenizer> tokenizer_;
   std::shared_ptr<const std::vector<int32_t>> train_;
   std::vector<int64_t> bounds_;  // client k trains on train_[bounds_[k], bounds_[k + 1])
@@ -259,16 +271,26 @@ class ShakespeareTask final : public SimTask {
 
 Result<std::unique_ptr<SimTask>> make_text_task(const v1::FederationConfig& c,
                                                 std::string_view source, TaskUse use) {
-  // The role split is small (about 1 MB of text): every use loads it whole.
+  // The split is small (about 1 MB of text): every use loads it whole.
   const std::string ctx = std::string(source) + ": data";
+  const bool wiki = c.data().partition() == v1::FedDataConfig::ARTICLES;
+  const std::string dataset = wiki ? c.data().dataset() : "tinyshakespeare";
   ASSIGN_OR_RETURN(auto dir, data::resolve_data_dir(c.data().data_dir()), ctx);
-  ASSIGN_OR_RETURN(auto file, data::resolve_dataset_file(dir, "tinyshakespeare"), ctx);
+  ASSIGN_OR_RETURN(auto file, data::resolve_dataset_file(dir, dataset), ctx);
   ASSIGN_OR_RETURN(std::string text, data::read_text_file(file), ctx);
   data::ShakespeareRolesOptions o;
   o.min_chars = c.data().min_role_chars();
   o.merge_minor = c.data().merge_minor_roles();
   o.test_fraction = c.data().test_fraction();
-  ASSIGN_OR_RETURN(auto roles, data::split_by_role(text, o, file.string()), ctx);
+  TextCorpus corpus;
+  data::ShakespeareRoles roles;
+  if (wiki) {
+    ASSIGN_OR_RETURN(roles, data::split_by_article(text, o, file.string()), ctx);
+    corpus = {fmt::format("{} by Wikipedia article", dataset), dataset, " = ", "short articles"};
+  } else {
+    ASSIGN_OR_RETURN(roles, data::split_by_role(text, o, file.string()), ctx);
+    corpus = {"Tiny Shakespeare by speaking role", "tinyshakespeare", "ROMEO:\n", "minor roles"};
+  }
   ASSIGN_OR_RETURN(auto chars, data::CharTokenizer::from_corpus(text), ctx);
   std::shared_ptr<const data::Tokenizer> tok;
   std::shared_ptr<const models::Gpt> base;
@@ -284,30 +306,13 @@ Result<std::unique_ptr<SimTask>> make_text_task(const v1::FederationConfig& c,
     }
     ASSIGN_OR_RETURN(models::PretrainedGpt pre, models::load_pretrained_gpt(m.init_from(), dir),
                      key);
-    const models::GptConfig& g = pre.gpt->config();
-    // The shape is the base's: a key set to something else is a mistake worth naming.
-    for (const auto& [name, set, value, want] :
-         {std::tuple<const char*, bool, int64_t, int64_t>{"n_layer", m.has_n_layer(), m.n_layer(),
-                                                          g.n_layer},
-          {"n_head", m.has_n_head(), m.n_head(), g.n_head},
-          {"n_embd", m.has_n_embd(), m.n_embd(), g.n_embd}}) {
-      if (set && value != want) {
-        return invalid_argument(
-            fmt::format("{}: key 'model.{}' = {}, but the pretrained model "
-                        "({}) has {}; remove the key",
-                        source, name, value, pre.describe, want));
-      }
-    }
-    if (m.block_size() > g.block_size) {
-      return invalid_argument(
-          fmt::format("{}: key 'model.block_size' = {} (the training context) is longer than the "
-                      "pretrained model's {} positions",
-                      source, m.block_size(), g.block_size));
-    }
-    if (g.rope != (m.pos_encoding() == v1::ModelConfig::ROPE) && m.has_pos_encoding()) {
-      return invalid_argument(std::string(source) +
-                              ": key 'model.pos_encoding' differs from the pretrained model's");
-    }
+    models::ShapeKeys keys;
+    if (m.has_n_layer()) keys.n_layer = m.n_layer();
+    if (m.has_n_head()) keys.n_head = m.n_head();
+    if (m.has_n_embd()) keys.n_embd = m.n_embd();
+    keys.block_size = m.block_size();
+    if (m.has_pos_encoding()) keys.rope = m.pos_encoding() == v1::ModelConfig::ROPE;
+    RETURN_IF_ERROR(models::check_pretrained_shape(pre, keys, source));
     spdlog::info("model: {} from {}", pre.describe, m.init_from());
     tok = pre.tokenizer;
     base = std::move(pre.gpt);
@@ -321,13 +326,27 @@ Result<std::unique_ptr<SimTask>> make_text_task(const v1::FederationConfig& c,
   std::vector<int64_t> bounds{0};
   std::vector<int32_t> test;
   std::vector<std::string> names;
+  // A pretrained base's character vocabulary may lack a few of this text's characters (WikiText-2
+  // test has '#' and '^', its valid split does not): those bytes are dropped and counted, as a
+  // BPE base would have split them into byte tokens; the count is logged, never hidden.
+  const auto* base_chars = base ? dynamic_cast<const data::CharTokenizer*>(tok.get()) : nullptr;
+  int64_t dropped = 0;
+  auto known = [&](const std::string& t) {
+    return base_chars ? base_chars->keep_known(t, &dropped) : t;
+  };
   for (const auto& r : roles.roles) {
-    ASSIGN_OR_RETURN(auto ids, tok->encode(r.train), ctx);
+    ASSIGN_OR_RETURN(auto ids, tok->encode(known(r.train)), ctx);
     train->insert(train->end(), ids.begin(), ids.end());
     bounds.push_back(static_cast<int64_t>(train->size()));
-    ASSIGN_OR_RETURN(auto test_ids, tok->encode(r.test), ctx);
+    ASSIGN_OR_RETURN(auto test_ids, tok->encode(known(r.test)), ctx);
     test.insert(test.end(), test_ids.begin(), test_ids.end());
     names.push_back(r.role);
+  }
+  if (dropped > 0) {
+    spdlog::warn(
+        "{}: {} bytes of {} are outside the pretrained model's {} characters and were "
+        "dropped",
+        ctx, dropped, file.string(), base_chars->vocab_size());
   }
   if (static_cast<int64_t>(test.size()) <= c.model().block_size()) {
     return invalid_argument(ctx + ": the held-out text is shorter than one window");
@@ -338,7 +357,7 @@ Result<std::unique_ptr<SimTask>> make_text_task(const v1::FederationConfig& c,
   }
   auto task = std::make_unique<ShakespeareTask>(
       c, std::move(tok), std::move(train), std::move(bounds), std::move(test), std::move(names),
-      roles.minor_roles, std::move(base), std::move(lora));
+      roles.minor_roles, std::move(base), std::move(lora), std::move(corpus));
   if (use == TaskUse::kSimulation) RETURN_IF_ERROR(task->check_device(source));
   return std::unique_ptr<SimTask>(std::move(task));
 }

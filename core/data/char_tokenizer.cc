@@ -61,6 +61,19 @@ Result<std::vector<int32_t>> CharTokenizer::encode(std::string_view text) const 
   return ids;
 }
 
+std::string CharTokenizer::keep_known(std::string_view text, int64_t* dropped) const {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (id_of_byte_[static_cast<unsigned char>(c)] >= 0) {
+      out.push_back(c);
+    } else {
+      ++*dropped;
+    }
+  }
+  return out;
+}
+
 Result<std::string> CharTokenizer::decode(std::span<const int32_t> ids) const {
   std::string text(ids.size(), '\0');
   for (size_t i = 0; i < ids.size(); ++i) {

@@ -24,6 +24,9 @@ class CharTokenizer final : public Tokenizer {
   const std::string& vocab() const { return vocab_; }
 
   Result<std::vector<int32_t>> encode(std::string_view text) const override;
+  // `text` without the bytes outside the vocabulary; adds their number to *dropped. For text fed
+  // to a pretrained model whose vocabulary came from another corpus.
+  std::string keep_known(std::string_view text, int64_t* dropped) const;
   Result<std::string> decode(std::span<const int32_t> ids) const override;
   int64_t vocab_size() const override { return static_cast<int64_t>(vocab_.size()); }
   std::string name() const override { return "char"; }

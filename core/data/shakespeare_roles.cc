@@ -44,6 +44,13 @@ Result<ShakespeareRoles> split_by_role(std::string_view text, const ShakespeareR
     current->push_back('\n');
   }
 
+  return split_texts(std::move(all), opts, "(minor roles)", "role", source);
+}
+
+Result<ShakespeareRoles> split_texts(std::vector<std::pair<std::string, std::string>> texts,
+                                     const ShakespeareRolesOptions& opts,
+                                     std::string_view merged_name, std::string_view unit,
+                                     std::string_view source) {
   ShakespeareRoles out;
   std::string minor;
   auto split = [&](std::string name, const std::string& t) {
@@ -55,7 +62,7 @@ Result<ShakespeareRoles> split_by_role(std::string_view text, const ShakespeareR
     r.test = t.substr(t.size() - n_test);
     out.roles.push_back(std::move(r));
   };
-  for (auto& [name, t] : all) {
+  for (auto& [name, t] : texts) {
     if (static_cast<int64_t>(t.size()) < opts.min_chars) {
       ++out.minor_roles;
       out.minor_chars += static_cast<int64_t>(t.size());
@@ -65,10 +72,10 @@ Result<ShakespeareRoles> split_by_role(std::string_view text, const ShakespeareR
     split(name, t);
   }
   if (opts.merge_minor && static_cast<int64_t>(minor.size()) >= opts.min_chars) {
-    split("(minor roles)", minor);
+    split(std::string(merged_name), minor);
   }
   if (out.roles.empty()) {
-    return invalid_argument(std::string(source) + ": no role has " +
+    return invalid_argument(std::string(source) + ": no " + std::string(unit) + " has " +
                             std::to_string(opts.min_chars) + " characters or more");
   }
   return out;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/util/status.h"
@@ -40,5 +41,13 @@ struct ShakespeareRoles {
 // Shakespeare does not mark plays).
 Result<ShakespeareRoles> split_by_role(std::string_view text, const ShakespeareRolesOptions& opts,
                                        std::string_view source);
+
+// The shared tail of the splits (this one, split_by_article): (name, text) pairs in order become
+// RoleTexts split train / test, those below opts.min_chars dropped or merged into one named
+// `merged_name`. No pair left is InvalidArgument "`source`: no `unit` has N characters or more".
+Result<ShakespeareRoles> split_texts(std::vector<std::pair<std::string, std::string>> texts,
+                                     const ShakespeareRolesOptions& opts,
+                                     std::string_view merged_name, std::string_view unit,
+                                     std::string_view source);
 
 }  // namespace starling::data

@@ -71,13 +71,29 @@ constexpr std::array<CatalogFile, 2> kGpt2 = {{
      "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe"},
 }};
 
-constexpr std::array<CatalogDataset, 6> kDatasets = {{
+// OpenAI's GPT-2 124M as Hugging Face publishes it (openai-community/gpt2), pinned to a revision:
+// a directory that `[model] init_from = "hf:gpt2-124m"` and transformers both read. vocab.json
+// and merges.txt are byte-identical to gpt2/encoder.json and gpt2/vocab.bpe.
+#define STARLING_HF_GPT2 \
+  "https://huggingface.co/openai-community/gpt2/resolve/607a30d783dfa663caf39e06633721c8d4cfcd7e/"
+constexpr std::array<CatalogFile, 4> kGpt2_124m = {{
+    {"gpt2-124m-config", "gpt2-124m/config.json", STARLING_HF_GPT2 "config.json"},
+    {"gpt2-124m-weights", "gpt2-124m/model.safetensors", STARLING_HF_GPT2 "model.safetensors"},
+    {"gpt2-124m-vocab", "gpt2-124m/vocab.json", STARLING_HF_GPT2 "vocab.json"},
+    {"gpt2-124m-merges", "gpt2-124m/merges.txt", STARLING_HF_GPT2 "merges.txt"},
+}};
+#undef STARLING_HF_GPT2
+
+constexpr std::array<CatalogDataset, 7> kDatasets = {{
     {"tinyshakespeare", "Tiny Shakespeare, char-level text (1.1 MB)", kTinyShakespeare},
     {"mnist", "MNIST digits, IDX gzip (11.6 MB)", kMnist},
     {"fashion-mnist", "Fashion-MNIST, IDX gzip (30.9 MB)", kFashionMnist},
     {"wikitext-2", "WikiText-2 v1 tokenized, valid + test (2.4 MB)", kWikiText2},
     {"ptb", "Penn Treebank (Mikolov), valid + test (0.8 MB)", kPtb},
     {"gpt2", "GPT-2 BPE tokenizer files (1.5 MB)", kGpt2},
+    {"gpt2-124m",
+     "GPT-2 124M pretrained weights, Hugging Face layout (549 MB); init_from = \"hf:gpt2-124m\"",
+     kGpt2_124m, /*pretrained_model=*/true},
 }};
 
 struct Sum {
@@ -85,8 +101,8 @@ struct Sum {
   std::string_view sha256;
 };
 
-// Same content as shared/data/SHA256SUMS.
-constexpr std::array<Sum, 15> kSums = {{
+// Same content as shared/data/SHA256SUMS, then the pretrained models (not in shared/data).
+constexpr std::array<Sum, 19> kSums = {{
     {"fashion-mnist/t10k-images-idx3-ubyte.gz",
      "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073"},
     {"fashion-mnist/t10k-labels-idx1-ubyte.gz",
@@ -113,6 +129,12 @@ constexpr std::array<Sum, 15> kSums = {{
      "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0"},
     {"wikitext-2/wiki.valid.tokens",
      "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8"},
+    // openai-community/gpt2 at 607a30d: model.safetensors is 548,105,171 bytes.
+    {"gpt2-124m/config.json", "0daed7749b4f02b8f76240d5444551d7b08712dab4d0adb8239c56ba823bb7b4"},
+    {"gpt2-124m/model.safetensors",
+     "248dfc3911869ec493c76e65bf2fcf7f615828b0254c12b473182f0f81d3a707"},
+    {"gpt2-124m/vocab.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"},
+    {"gpt2-124m/merges.txt", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"},
 }};
 
 bool is_lower_hex64(std::string_view s) {
@@ -129,6 +151,13 @@ bool is_lower_hex64(std::string_view s) {
 }  // namespace
 
 std::span<const CatalogDataset> datasets() { return kDatasets; }
+
+const CatalogDataset* find_pretrained_model(std::string_view name) {
+  for (const auto& d : kDatasets) {
+    if (d.pretrained_model && d.name == name) return &d;
+  }
+  return nullptr;
+}
 
 Result<std::vector<CatalogFile>> select_files(std::string_view name) {
   for (const auto& d : kDatasets) {

@@ -22,10 +22,12 @@ struct CatalogFile {
 
 // A user-facing dataset: a group of files downloaded together.
 struct CatalogDataset {
-  std::string_view
-      name;  // "tinyshakespeare", "mnist", "fashion-mnist", "wikitext-2", "ptb", "gpt2"
+  std::string_view name;  // "tinyshakespeare", "mnist", ..., "gpt2", "gpt2-124m"
   std::string_view description;
   std::span<const CatalogFile> files;
+  // Pretrained weights ("gpt2-124m"): downloaded on request only, not part of shared/data, and
+  // the folder under the data dir is what `[model] init_from = "hf:NAME"` names.
+  bool pretrained_model = false;
 };
 
 // Relative path -> lowercase hex SHA-256.
@@ -37,6 +39,9 @@ std::span<const CatalogDataset> datasets();
 // The files selected by `name`: every file of a dataset ("mnist"), or one file by its data_dir
 // name ("mnist-train-images"). Errors: InvalidArgument for an unknown name, listing the known ones.
 Result<std::vector<CatalogFile>> select_files(std::string_view name);
+
+// The pretrained model `name` ("gpt2-124m"), or null when no such model is in the catalog.
+const CatalogDataset* find_pretrained_model(std::string_view name);
 
 // The expected SHA-256 of every catalog file, compiled into the binary.
 const HashTable& compiled_sha256();

@@ -6,8 +6,10 @@
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <system_error>
+#include <tuple>
 
 #include "core/data/text_file.h"
 #include "core/io/file.h"
@@ -266,27 +268,57 @@ Result<HfGpt2> load_hf_gpt2(const fs::path& dir) {
   return out;
 }
 
-Result<PretrainedGpt> load_pretrained_gpt(std::string_view spec, const fs::path& data_dir) {
+namespace {
+
+// One alternative of an init_from list, trimmed.
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// Where an "hf:" alternative's directory is: DIR as given, else DIR under the data directory
+// (where `starling data download gpt2-124m` puts it). Empty when neither exists.
+fs::path find_hf_dir(const std::string& dir, const fs::path& data_dir) {
+  std::error_code ec;
+  if (fs::is_directory(dir, ec)) return dir;
+  const fs::path p(dir);
+  if (p.is_relative() && !data_dir.empty() && fs::is_directory(data_dir / p, ec)) {
+    return data_dir / p;
+  }
+  return {};
+}
+
+Result<PretrainedGpt> load_one(std::string_view spec, const fs::path& data_dir) {
   PretrainedGpt out;
   const std::string hf = hf_dir_of(spec);
   if (!hf.empty()) {
-    ASSIGN_OR_RETURN(HfGpt2 m, load_hf_gpt2(hf));
+    const fs::path dir = find_hf_dir(hf, data_dir);
+    if (dir.empty()) {
+      std::string msg = "Hugging Face model directory " + hf + " does not exist";
+      if (fs::path(hf).is_relative()) msg += " (nor under the data dir " + data_dir.string() + ")";
+      if (hf == "gpt2-124m") msg += "; `starling data download gpt2-124m` fetches it (549 MB)";
+      return not_found(msg);
+    }
+    ASSIGN_OR_RETURN(HfGpt2 m, load_hf_gpt2(dir));
     out.model = m.model;
     out.gpt = std::move(m.gpt);
     if (m.tokenizer) {
       out.tokenizer = std::move(m.tokenizer);
     } else {
       ASSIGN_OR_RETURN(auto bpe, data::BpeTokenizer::load_gpt2(data_dir),
-                       hf + " has no vocab.json / merges.txt; GPT-2's from the data directory");
+                       dir.string() +
+                           " has no vocab.json / merges.txt; GPT-2's from the data "
+                           "directory");
       if (bpe.vocab_size() > m.config.vocab_size) {
-        return invalid_argument(hf + " has no vocab.json / merges.txt, and GPT-2's " +
+        return invalid_argument(dir.string() + " has no vocab.json / merges.txt, and GPT-2's " +
                                 std::to_string(bpe.vocab_size()) +
                                 " tokens do not fit its vocab_size " +
                                 std::to_string(m.config.vocab_size));
       }
       out.tokenizer = std::make_shared<data::BpeTokenizer>(std::move(bpe));
     }
-    out.describe = "Hugging Face GPT-2 " + hf;
+    out.describe = "Hugging Face GPT-2 " + dir.string();
   } else {
     ASSIGN_OR_RETURN(LoadedGpt c, load_gpt_checkpoint(std::string(spec), data_dir.string()));
     out.model = c.config.model();
@@ -299,6 +331,80 @@ Result<PretrainedGpt> load_pretrained_gpt(std::string_view spec, const fs::path&
   out.describe += fmt::format(" (L={} H={} C={} T={} V={}, {} parameters)", g.n_layer, g.n_head,
                               g.n_embd, g.block_size, g.vocab_size, out.gpt->num_parameters());
   return out;
+}
+
+}  // namespace
+
+std::vector<std::string> init_from_alternatives(std::string_view spec) {
+  std::vector<std::string> out;
+  while (true) {
+    const size_t comma = spec.find(',');
+    const std::string_view one = trim(spec.substr(0, comma));
+    if (!one.empty()) out.emplace_back(one);
+    if (comma == std::string_view::npos) break;
+    spec.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+Result<PretrainedGpt> load_pretrained_gpt(std::string_view spec, const fs::path& data_dir) {
+  const std::vector<std::string> alternatives = init_from_alternatives(spec);
+  if (alternatives.empty()) return invalid_argument("init_from names no model");
+  // The first alternative present is the base. One that is present but broken is an error, not
+  // a reason to fall back: a user who put real weights first wants to hear they are corrupt.
+  std::string tried;
+  for (const std::string& one : alternatives) {
+    const std::string hf = hf_dir_of(one);
+    std::error_code ec;
+    const bool present = hf.empty() ? fs::exists(one, ec) : !find_hf_dir(hf, data_dir).empty();
+    if (present || alternatives.size() == 1) {
+      ASSIGN_OR_RETURN(PretrainedGpt p, load_one(one, data_dir), one);
+      if (alternatives.size() > 1 && !tried.empty()) {
+        p.describe += " (absent:" + tried + ")";
+      }
+      return p;
+    }
+    tried += " " + one;
+  }
+  std::string msg = "none of the models in '" + std::string(spec) + "' is present (data dir " +
+                    data_dir.string() + ")";
+  for (const std::string& one : alternatives) {
+    if (hf_dir_of(one) == "gpt2-124m") {
+      msg += "; `starling data download gpt2-124m` fetches GPT-2 124M";
+      break;
+    }
+  }
+  return not_found(msg);
+}
+
+Status check_pretrained_shape(const PretrainedGpt& pre, const ShapeKeys& keys,
+                              std::string_view source) {
+  const GptConfig& g = pre.gpt->config();
+  for (const auto& [name, value, want] : {std::tuple<const char*, std::optional<int64_t>, int64_t>{
+                                              "n_layer", keys.n_layer, g.n_layer},
+                                          {"n_head", keys.n_head, g.n_head},
+                                          {"n_embd", keys.n_embd, g.n_embd},
+                                          {"vocab_size", keys.vocab_size, g.vocab_size}}) {
+    if (value && *value != want) {
+      return invalid_argument(
+          fmt::format("{}: key 'model.{}' = {}, but the pretrained model ({}) has {}; remove "
+                      "the key",
+                      source, name, *value, pre.describe, want));
+    }
+  }
+  if (keys.block_size && *keys.block_size > g.block_size) {
+    return invalid_argument(
+        fmt::format("{}: key 'model.block_size' = {} (the training context) is longer than the "
+                    "pretrained model's {} positions",
+                    source, *keys.block_size, g.block_size));
+  }
+  if (keys.rope && *keys.rope != g.rope) {
+    return invalid_argument(fmt::format(
+        "{}: key 'model.pos_encoding' = \"{}\", but the pretrained model ({}) uses "
+        "{} positions; remove the key",
+        source, *keys.rope ? "rope" : "learned", pre.describe, g.rope ? "rotary" : "learned"));
+  }
+  return ok_status();
 }
 
 Status save_hf_gpt2(const fs::path& dir, const Gpt& model, const data::Tokenizer* tokenizer) {

@@ -7,8 +7,10 @@
 
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/data/bpe_tokenizer.h"
 #include "core/util/status.h"
@@ -39,9 +41,13 @@ std::string hf_dir_of(std::string_view spec);
 // vocab_size. Weights in F16 / BF16 / F64 are converted to f32.
 Result<HfGpt2> load_hf_gpt2(const std::filesystem::path& dir);
 
-// A pretrained GPT named by [model] init_from: "hf:DIR" (load_hf_gpt2; a directory without its
-// own tokenizer takes GPT-2's from `data_dir` when the vocabulary sizes agree) or the path of a
-// starling GPT checkpoint. `model` holds its shape as [model] keys.
+// A pretrained GPT named by [model] init_from: "hf:DIR" (load_hf_gpt2; DIR as given, else under
+// `data_dir`, so "hf:gpt2-124m" finds what `starling data download gpt2-124m` fetched; a
+// directory without its own tokenizer takes GPT-2's from `data_dir` when the vocabulary sizes
+// agree) or the path of a starling GPT checkpoint. `spec` may list alternatives separated by
+// commas, "hf:gpt2-124m, runs/base/ckpt.safetensors": the first one present is loaded (one that
+// is present but corrupt is an error, not skipped), so one config runs on GPT-2 124M where it
+// has been downloaded and on a smaller base elsewhere. `model` holds its shape as [model] keys.
 struct PretrainedGpt {
   v1::ModelConfig model;
   std::unique_ptr<Gpt> gpt;
@@ -50,6 +56,19 @@ struct PretrainedGpt {
 };
 Result<PretrainedGpt> load_pretrained_gpt(std::string_view spec,
                                           const std::filesystem::path& data_dir);
+
+// The comma-separated alternatives of an init_from value, trimmed, empty ones dropped.
+std::vector<std::string> init_from_alternatives(std::string_view spec);
+
+// The [model] shape keys a config sets next to init_from (unset: nullopt). The shape is the
+// pretrained model's: a key set to something else is refused, naming it, `source` and the model;
+// block_size is the training context and may be shorter than the model's positions.
+struct ShapeKeys {
+  std::optional<int64_t> n_layer, n_head, n_embd, vocab_size, block_size;
+  std::optional<bool> rope;
+};
+Status check_pretrained_shape(const PretrainedGpt& pre, const ShapeKeys& keys,
+                              std::string_view source);
 
 // Writes `model` as a directory `transformers` loads with GPT2LMHeadModel.from_pretrained:
 // config.json, model.safetensors (f32) and, with a BPE `tokenizer`, vocab.json, merges.txt and

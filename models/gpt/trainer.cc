@@ -154,25 +154,14 @@ Result<TrainSummary> train_gpt(const v1::RunConfig& cfg_in, const std::string& c
     ASSIGN_OR_RETURN(PretrainedGpt pre, load_pretrained_gpt(cfg.model().init_from(), data_dir),
                      key);
     const auto& m = cfg_in.model();
-    for (const auto& [name, set, value, want] :
-         {std::tuple<const char*, bool, int64_t, int64_t>{"n_layer", m.has_n_layer(), m.n_layer(),
-                                                          pre.model.n_layer()},
-          {"n_head", m.has_n_head(), m.n_head(), pre.model.n_head()},
-          {"n_embd", m.has_n_embd(), m.n_embd(), pre.model.n_embd()},
-          {"vocab_size", m.has_vocab_size() && m.vocab_size() > 0, m.vocab_size(),
-           pre.model.vocab_size()}}) {
-      if (set && value != want) {
-        return invalid_argument(fmt::format(
-            "{}: key 'model.{}' = {}, but the pretrained model ({}) has {}; remove the key",
-            config_source, name, value, pre.describe, want));
-      }
-    }
-    if (m.has_block_size() && m.block_size() > pre.model.block_size()) {
-      return invalid_argument(
-          fmt::format("{}: key 'model.block_size' = {} (the training context) is longer than the "
-                      "pretrained model's {} positions",
-                      config_source, m.block_size(), pre.model.block_size()));
-    }
+    ShapeKeys keys;
+    if (m.has_n_layer()) keys.n_layer = m.n_layer();
+    if (m.has_n_head()) keys.n_head = m.n_head();
+    if (m.has_n_embd()) keys.n_embd = m.n_embd();
+    if (m.has_vocab_size() && m.vocab_size() > 0) keys.vocab_size = m.vocab_size();
+    if (m.has_block_size()) keys.block_size = m.block_size();
+    if (m.has_pos_encoding()) keys.rope = m.pos_encoding() == v1::ModelConfig::ROPE;
+    RETURN_IF_ERROR(check_pretrained_shape(pre, keys, config_source));
     context = m.has_block_size() ? m.block_size() : pre.model.block_size();
     const std::string init_from = cfg.model().init_from();
     *cfg.mutable_model() = pre.model;

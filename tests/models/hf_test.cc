@@ -201,6 +201,71 @@ TEST_CASE("an imported model round-trips through a starling checkpoint with its 
   REQUIRE_THAT(pre->describe, Catch::Contains("L=2 H=4 C=32 T=32 V=320"));
 }
 
+TEST_CASE("init_from: hf:NAME under the data dir, and the first present of a list",
+          "[models][hf]") {
+  // A data directory holding the fixture as "gpt2-124m" stands in for a downloaded GPT-2 124M.
+  const auto data = temp_dir("data_dir");
+  fs::create_directories(data / "gpt2-124m");
+  for (const char* f : {"config.json", "model.safetensors", "vocab.json", "merges.txt"}) {
+    fs::copy_file(fixture() / f, data / "gpt2-124m" / f);
+  }
+  auto by_name = models::load_pretrained_gpt("hf:gpt2-124m", data);
+  REQUIRE(by_name.ok());
+  CHECK_THAT(by_name->describe, Catch::Contains((data / "gpt2-124m").string()));
+  CHECK(by_name->model.vocab_size() == 320);
+
+  CHECK(models::init_from_alternatives(" hf:a ,, b.safetensors ") ==
+        std::vector<std::string>{"hf:a", "b.safetensors"});
+  // The first alternative present wins; the absent ones before it are named in the description.
+  auto second = models::load_pretrained_gpt("hf:no-such-model, hf:gpt2-124m", data);
+  REQUIRE(second.ok());
+  CHECK_THAT(second->describe, Catch::Contains("absent: hf:no-such-model"));
+  auto first = models::load_pretrained_gpt("hf:gpt2-124m, /nonexistent/ckpt.safetensors", data);
+  REQUIRE(first.ok());
+
+  // None present: NotFound naming the list and how to fetch GPT-2 124M.
+  const auto empty = temp_dir("empty_data_dir");
+  auto none = models::load_pretrained_gpt("hf:gpt2-124m, /nonexistent/ckpt.safetensors", empty);
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.status().code() == starling::StatusCode::kNotFound);
+  CHECK_THAT(none.status().message(), Catch::Contains("none of the models in"));
+  CHECK_THAT(none.status().message(), Catch::Contains("starling data download gpt2-124m"));
+  auto single = models::load_pretrained_gpt("hf:gpt2-124m", empty);
+  REQUIRE_FALSE(single.ok());
+  CHECK_THAT(single.status().message(), Catch::Contains("starling data download gpt2-124m"));
+
+  // Present but broken is an error, never a silent fall back to the next alternative.
+  fs::remove(data / "gpt2-124m" / "model.safetensors");
+  auto broken = models::load_pretrained_gpt("hf:gpt2-124m, hf:" + fixture().string(), data);
+  REQUIRE_FALSE(broken.ok());
+  CHECK_THAT(broken.status().message(), Catch::Contains("model.safetensors"));
+}
+
+TEST_CASE("init_from: shape keys that contradict the pretrained model are refused",
+          "[models][hf]") {
+  auto pre = models::load_pretrained_gpt("hf:" + fixture().string(), "");
+  REQUIRE(pre.ok());
+  models::ShapeKeys same;
+  same.n_layer = 2;
+  same.n_embd = 32;
+  same.block_size = 16;  // a shorter training context is fine
+  CHECK(models::check_pretrained_shape(*pre, same, "cfg.toml").ok());
+  models::ShapeKeys wrong = same;
+  wrong.n_head = 8;
+  auto s = models::check_pretrained_shape(*pre, wrong, "cfg.toml");
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(s.message(), Catch::Contains("cfg.toml: key 'model.n_head' = 8"));
+  CHECK_THAT(s.message(), Catch::Contains("has 4; remove the key"));
+  models::ShapeKeys longer;
+  longer.block_size = 33;
+  CHECK_THAT(models::check_pretrained_shape(*pre, longer, "cfg.toml").message(),
+             Catch::Contains("longer than the pretrained model's 32 positions"));
+  models::ShapeKeys rope;
+  rope.rope = true;
+  CHECK_THAT(models::check_pretrained_shape(*pre, rope, "cfg.toml").message(),
+             Catch::Contains("uses learned positions"));
+}
+
 TEST_CASE("broken Hugging Face directories are refused naming the tensor or key", "[models][hf]") {
   SECTION("a missing tensor") {
     const auto dir = fixture_copy("missing");

@@ -443,6 +443,36 @@ TEST_CASE("federated LoRA moves only the adapters and lowers the pretrained mode
   fs::remove_all(dir);
 }
 
+TEST_CASE("WikiText-2 by article: one client per article, federated LoRA lowers the loss",
+          "[sim][lora]") {
+  if (!have_data("wikitext-2/wiki.test.tokens")) return;
+  v1::FederationConfig cfg = lora_config();
+  REQUIRE(apply_overrides({"data.dataset=\"wikitext-2-test\"", "data.partition=\"ARTICLES\""}, &cfg)
+              .ok());
+  REQUIRE(aggregator::validate_federation_config(cfg, "wiki.toml").ok());
+  auto task = SimTask::create(cfg, "wiki.toml");
+  REQUIRE(task.ok());
+  // The fixture holds WikiText-2 test's first 8 articles, the whole split 61 of 1000 bytes.
+  CHECK(((*task)->num_clients() == 8 || (*task)->num_clients() == 61));
+  CHECK_THAT((*task)->describe(), Contains("wikitext-2-test by Wikipedia article"));
+  const double base_loss = (*task)->evaluate((*task)->initial_model()).loss;
+  const fs::path dir = fresh_dir("lora_wiki");
+  auto s = run_simulation(cfg, "wiki.toml", quiet(dir));
+  REQUIRE(s.ok());
+  CHECK(s->final_loss < base_loss);
+  fs::remove_all(dir);
+
+  // ARTICLES splits WikiText only, and WikiText is split by article only.
+  v1::FederationConfig bad = cfg;
+  bad.mutable_data()->set_partition(v1::FedDataConfig::ROLES);
+  CHECK_THAT(aggregator::validate_federation_config(bad, "wiki.toml").message(),
+             Contains("must be ARTICLES exactly when data.dataset is wikitext-2-test"));
+  bad = cfg;
+  bad.mutable_data()->set_dataset("shakespeare");
+  CHECK_THAT(aggregator::validate_federation_config(bad, "wiki.toml").message(),
+             Contains("must be ROLES exactly when data.dataset is shakespeare"));
+}
+
 TEST_CASE("a shape key that disagrees with init_from, or [lora] on another arch, is an error",
           "[sim][lora]") {
   if (!have_data("tinyshakespeare/input.txt")) return;

@@ -29,7 +29,36 @@ TEST_CASE("fetch: the compiled hash table equals shared/data/SHA256SUMS", "[fetc
   const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
   auto parsed = starling::fetch::parse_sha256sums(text);
   REQUIRE(parsed.ok());
-  CHECK(*parsed == starling::fetch::compiled_sha256());
+  // shared/data holds the datasets; the pretrained models are fetched on request only.
+  starling::fetch::HashTable datasets_only;
+  for (const auto& d : starling::fetch::datasets()) {
+    if (d.pretrained_model) continue;
+    for (const auto& file : d.files) {
+      datasets_only.emplace(std::string(file.relative_path),
+                            starling::fetch::compiled_sha256().at(std::string(file.relative_path)));
+    }
+  }
+  CHECK(*parsed == datasets_only);
+}
+
+TEST_CASE("fetch: GPT-2 124M is pinned to a Hugging Face revision, and its tokenizer is GPT-2's",
+          "[fetch]") {
+  const auto* model = starling::fetch::find_pretrained_model("gpt2-124m");
+  REQUIRE(model != nullptr);
+  CHECK(starling::fetch::find_pretrained_model("gpt2") == nullptr);  // the tokenizer, not a model
+  CHECK(starling::fetch::find_pretrained_model("mnist") == nullptr);
+  std::set<std::string> files;
+  for (const auto& f : model->files) {
+    files.insert(std::string(f.relative_path));
+    // A commit-pinned URL: a moved branch cannot change what the hash was taken of.
+    CHECK_THAT(std::string(f.url),
+               Catch::Contains("/resolve/607a30d783dfa663caf39e06633721c8d4cfcd7e/"));
+  }
+  CHECK(files == std::set<std::string>{"gpt2-124m/config.json", "gpt2-124m/model.safetensors",
+                                       "gpt2-124m/vocab.json", "gpt2-124m/merges.txt"});
+  const auto& sums = starling::fetch::compiled_sha256();
+  CHECK(sums.at("gpt2-124m/vocab.json") == sums.at("gpt2/encoder.json"));
+  CHECK(sums.at("gpt2-124m/merges.txt") == sums.at("gpt2/vocab.bpe"));
 }
 
 TEST_CASE("fetch: every catalog file has a hash and every hash a catalog file", "[fetch]") {
@@ -45,7 +74,7 @@ TEST_CASE("fetch: every catalog file has a hash and every hash a catalog file", 
   }
   CHECK(paths.size() == starling::fetch::compiled_sha256().size());
   CHECK(names == std::set<std::string>{"tinyshakespeare", "mnist", "fashion-mnist", "wikitext-2",
-                                       "ptb", "gpt2"});
+                                       "ptb", "gpt2", "gpt2-124m"});
 }
 
 TEST_CASE("fetch: every data_dir dataset name selects the file data_dir resolves", "[fetch]") {
