@@ -45,3 +45,17 @@ if(NOT TARGET prometheus-cpp::core)
     IMPORTED_LOCATION ${STARLING_PROMETHEUS_CORE}
     INTERFACE_INCLUDE_DIRECTORIES ${STARLING_PROMETHEUS_INC})
 endif()
+# OpenMPI (libopenmpi-dev, openmpi-bin): `mpirun -n R starling simulate` spreads a simulation over
+# processes and machines (sim/ranks.h). Optional: without it the binary builds and refuses an MPI
+# launch with an error saying how to get it. AUTO: use it when found; ON: insist; OFF: never.
+set(STARLING_MPI "AUTO" CACHE STRING "Build with MPI for cluster simulations: AUTO, ON or OFF")
+if(STARLING_MPI STREQUAL "ON")
+  find_package(MPI REQUIRED COMPONENTS C)
+elseif(STARLING_MPI STREQUAL "AUTO" AND NOT CMAKE_CROSSCOMPILING)
+  find_package(MPI QUIET COMPONENTS C)
+endif()
+if(TARGET MPI::MPI_C)
+  message(STATUS "starling: MPI ${MPI_C_VERSION} (cluster simulations)")
+else()
+  message(STATUS "starling: no MPI (simulations run in one process; apt install libopenmpi-dev)")
+endif()

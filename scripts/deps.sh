@@ -12,6 +12,7 @@ PACKAGES=(
   libpcre2-dev zlib1g-dev libpng-dev
   libcurl4-openssl-dev
   prometheus-cpp-dev
+  libopenmpi-dev openmpi-bin
   catch2
   python3
 )

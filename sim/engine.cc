@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -24,6 +25,7 @@
 #include "core/wire/frame.h"
 #include "edge_client/transfer.h"
 #include "sim/link.h"
+#include "sim/ranks.h"
 #include "sim/secagg_round.h"
 
 namespace starling::sim {
@@ -126,6 +128,78 @@ struct Outcome {
   double seconds = 0;  // simulated: download + compute + upload
 };
 
+// What the other ranks need of an outcome trained here: where it stands in the round, not the
+// update itself (that stays on its rank and reaches rank 0 inside the partial sum).
+struct OutcomeMeta {
+  uint64_t index = 0;
+  uint64_t dropped = 0;
+  double seconds = 0;
+  double weight = 0;
+  double loss = 0;
+  uint64_t bytes_up = 0;
+  uint64_t chunks_up = 0;
+};
+
+template <typename T>
+void put_pod(std::string& out, const T& v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+template <typename T>
+bool get_pod(std::string_view& in, T& v) {
+  if (in.size() < sizeof(T)) return false;
+  std::memcpy(&v, in.data(), sizeof(T));
+  in.remove_prefix(sizeof(T));
+  return true;
+}
+
+// A rank's message: its first error ("" when none), then a count and that many PODs.
+template <typename T>
+std::string pack_rank(const Status& error, const std::vector<T>& items) {
+  std::string out;
+  const std::string text = error.ok() ? "" : error.message();
+  put_pod(out, static_cast<uint32_t>(error.code()));
+  put_pod(out, static_cast<uint64_t>(text.size()));
+  out += text;
+  put_pod(out, static_cast<uint64_t>(items.size()));
+  for (const T& t : items) put_pod(out, t);
+  return out;
+}
+
+// Every rank's items, in rank order; the first rank's error, named, when one failed.
+template <typename T>
+Result<std::vector<std::vector<T>>> exchange(const Ranks& ranks, const Status& error,
+                                             const std::vector<T>& mine, std::string_view what) {
+  ASSIGN_OR_RETURN(auto all, ranks.allgather(pack_rank(error, mine)), std::string(what));
+  std::vector<std::vector<T>> out(all.size());
+  for (size_t r = 0; r < all.size(); ++r) {
+    std::string_view in = all[r];
+    uint32_t code = 0;
+    uint64_t n = 0;
+    if (!get_pod(in, code) || !get_pod(in, n) || in.size() < n) {
+      return internal_error(std::string(what) + ": garbled");
+    }
+    if (n > 0) {
+      return Status(static_cast<StatusCode>(code),
+                    "rank " + std::to_string(r) + ": " + std::string(in.substr(0, n)));
+    }
+    in.remove_prefix(n);
+    if (!get_pod(in, n)) return internal_error(std::string(what) + ": garbled");
+    out[r].resize(n);
+    for (auto& t : out[r]) {
+      if (!get_pod(in, t)) return internal_error(std::string(what) + ": garbled");
+    }
+  }
+  return out;
+}
+
+// One rank's share of a round's fold.
+struct FoldShare {
+  double weight = 0;
+  double loss_sum = 0;
+  uint64_t count = 0;
+  uint64_t rejected = 0;
+};
+
 int worker_count(const v1::FederationConfig& c) {
   if (c.simulate().workers() > 0) return static_cast<int>(c.simulate().workers());
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -146,8 +220,23 @@ Result<int> fleet_size(const v1::FederationConfig& c, const SimTask& task) {
 
 Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
                                  const std::filesystem::path& out_dir,
-                                 const RoundCallback& on_round) {
+                                 const RoundCallback& on_round, const Ranks* ranks,
+                                 const ModelCallback& on_model) {
   const auto opts = aggregator::aggregator_options(cfg);
+  const bool multi = ranks != nullptr && ranks->size() > 1;
+  if (multi) {
+    // What composes across ranks: sums. The rules that need every update side by side, and
+    // secure aggregation (its masks cancel only in one sum), run in one process.
+    if (opts.rule.rule != aggregator::RobustRule::kMean) {
+      return invalid_argument(
+          "robust.rule (MEDIAN, TRIMMED_MEAN, KRUM, MULTI_KRUM) needs every update in one "
+          "process; "
+          "MPI ranks fold partial sums (run it without mpirun)");
+    }
+    if (cfg.secagg().enabled()) {
+      return invalid_argument("[secagg] runs in one process for now (run it without mpirun)");
+    }
+  }
   if (opts.buffer_size > 0) {
     return invalid_argument(
         "rounds.buffer_size (FedBuff) runs only in simulate.mode = \"LOOPBACK\"");
@@ -190,7 +279,8 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
   aggregator::ServerOptimizer optimizer(opts.strategy, static_cast<int64_t>(numel));
   aggregator::UpdateAccumulator acc(static_cast<int64_t>(numel), opts.rule);
   std::vector<float> mean(numel);
-  ResidualStore store(out_dir / "residuals",
+  ResidualStore store(multi ? out_dir / "residuals" / ("rank-" + std::to_string(ranks->rank()))
+                            : out_dir / "residuals",
                       static_cast<uint64_t>(cfg.simulate().residual_memory_mb()) << 20);
   const LinkModel link(LinkOptions::from_proto(cfg.simulate()), opts.seed);
   const uint32_t chunk_bytes = std::max<uint32_t>(1024, cfg.simulate().chunk_bytes());
@@ -291,6 +381,7 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
         std::vector<float> delta(numel);
         for (size_t i = next++; i < pick; i = next++) {
           const int k = chosen[i];
+          if (multi && ranks->owner(k) != ranks->rank()) continue;  // another rank trains it
           Outcome& o = out[i];
           const ClientProfile prof = link.profile(k);
           const std::string node = "client-" + std::to_string(k);
@@ -394,6 +485,31 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
         omp_set_num_threads(threads);
       }
       for (auto& t : pool) t.join();
+      if (multi) {
+        // Every rank learns where every outcome stands (an error on any rank ends them all,
+        // named), so all of them take the same updates below.
+        std::vector<OutcomeMeta> mine;
+        for (size_t i = 0; i < pick; ++i) {
+          if (ranks->owner(chosen[i]) != ranks->rank()) continue;
+          const Outcome& o = out[i];
+          mine.push_back(
+              {i, o.dropped ? 1u : 0u, o.seconds, o.weight, o.loss, o.bytes_up, o.chunks_up});
+        }
+        auto all = exchange(*ranks, first_error, mine, "round " + std::to_string(round));
+        if (!all.ok()) return all.status().with_context("round " + std::to_string(round));
+        for (const auto& rank_items : *all) {
+          for (const OutcomeMeta& m : rank_items) {
+            if (m.index >= pick) return internal_error("outcome index out of range");
+            Outcome& o = out[m.index];
+            o.dropped = m.dropped != 0;
+            o.seconds = m.seconds;
+            o.weight = static_cast<float>(m.weight);
+            o.loss = static_cast<float>(m.loss);
+            o.bytes_up = m.bytes_up;
+            o.chunks_up = m.chunks_up;
+          }
+        }
+      }
       if (!first_error.ok()) return first_error.with_context("round " + std::to_string(round));
 
       // Which updates the round takes: the first `want` to arrive before the deadline.
@@ -487,6 +603,54 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
       acc.reset();
       double loss_sum = 0;
       int rejected = 0;
+      if (multi) {
+        // Each rank folds the updates it trained, in selection order; rank 0 adds the partial
+        // sums in rank order, takes the mean and steps; the new model goes to every rank.
+        FoldShare share;
+        std::vector<uint64_t> accepted;
+        for (size_t i : folded) {
+          if (ranks->owner(chosen[i]) != ranks->rank()) continue;
+          const Status st = acc.fold_payload(out[i].payload, out[i].weight);
+          out[i].payload.clear();
+          if (!st.ok()) {
+            ++share.rejected;
+            continue;
+          }
+          share.loss_sum += static_cast<double>(out[i].loss) * out[i].weight;
+          accepted.push_back(i);
+        }
+        share.weight = acc.total_weight();
+        share.count = static_cast<uint64_t>(acc.count());
+        const std::string where = "round " + std::to_string(round);
+        ASSIGN_OR_RETURN(auto shares,
+                         exchange(*ranks, Status(), std::vector<FoldShare>{share}, where));
+        ASSIGN_OR_RETURN(auto kept, exchange(*ranks, Status(), accepted, where));
+        FoldShare total;
+        for (const auto& one : shares) {
+          total.weight += one[0].weight;
+          total.loss_sum += one[0].loss_sum;
+          total.count += one[0].count;
+          total.rejected += one[0].rejected;
+        }
+        for (const auto& one : kept) {
+          for (uint64_t i : one) ++res.participation[static_cast<size_t>(chosen[i])];
+        }
+        if (total.count == 0) return data_loss(where + ": every update was rejected");
+        RETURN_IF_ERROR(ranks->sum_to_root(acc.mutable_sum()), where);
+        if (ranks->root()) {
+          const auto w = static_cast<float>(total.weight);
+          const auto sum = acc.sum();
+          for (size_t j = 0; j < numel; ++j) mean[j] = sum[j] / w;
+          optimizer.apply(res.global, mean);
+        }
+        RETURN_IF_ERROR(ranks->broadcast(res.global), where);
+        rec.updates = static_cast<int>(total.count);
+        rec.rejected = static_cast<int>(total.rejected);
+        rec.examples = total.weight;
+        rec.train_loss = total.loss_sum / total.weight;
+        ++version;
+        break;
+      }
       for (size_t i : folded) {
         const Status st = acc.fold_payload(out[i].payload, out[i].weight);
         out[i].payload.clear();
@@ -513,13 +677,26 @@ Result<SimResult> run_in_process(const v1::FederationConfig& cfg, SimTask& task,
     rec.sim_seconds = sim_seconds;
     const uint32_t every = cfg.eval().every_rounds();
     if (every > 0 && (round % every == 0 || round == opts.num_rounds)) {
-      const TaskEval e = task.evaluate(res.global);
+      // Rank 0 evaluates; every rank hears the result (an accuracy target stops them all).
+      std::vector<float> e(2);
+      if (!multi || ranks->root()) {
+        const TaskEval te = task.evaluate(res.global);
+        e = {static_cast<float>(te.loss), static_cast<float>(te.accuracy)};
+        rec.test_loss = te.loss;
+        rec.test_accuracy = te.accuracy;
+      }
+      if (multi) {
+        RETURN_IF_ERROR(ranks->broadcast(e), "round " + std::to_string(round) + ": evaluation");
+        if (!ranks->root()) {
+          rec.test_loss = e[0];
+          rec.test_accuracy = e[1];
+        }
+      }
       rec.evaluated = true;
-      rec.test_loss = e.loss;
-      rec.test_accuracy = e.accuracy;
     }
     rec.real_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     res.rounds.push_back(rec);
+    if (on_model) RETURN_IF_ERROR(on_model(round, res.global), "round " + std::to_string(round));
     if (on_round) on_round(rec);
     const float target = cfg.eval().target_accuracy();
     if (rec.evaluated && target > 0 && rec.test_accuracy >= target) break;

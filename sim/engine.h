@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -62,11 +63,21 @@ struct SimResult {
 };
 
 using RoundCallback = std::function<void(const RoundRecord&)>;
+// The model after each completed round (a crash-safe run saves it).
+using ModelCallback = std::function<Status(uint64_t round, std::span<const float> model)>;
+
+class Ranks;
 
 // REQUIRES: config validated (SimTask::create did). `out_dir` receives residual spill files.
+// `ranks` (null: one process): an MPI job sharing the run (sim/ranks.h). Every rank calls this
+// with the same config; each trains the selected clients it owns, the partial sums meet on rank
+// 0, and every rank returns the same rounds and model (rank 0 alone evaluates). Robust rules
+// and [secagg] are refused there: they need every update in one place. `on_model` (optional)
+// sees the model after every round; an error from it ends the run.
 Result<SimResult> run_in_process(const v1::FederationConfig& config, SimTask& task,
                                  const std::filesystem::path& out_dir,
-                                 const RoundCallback& on_round);
+                                 const RoundCallback& on_round, const Ranks* ranks = nullptr,
+                                 const ModelCallback& on_model = {});
 Result<SimResult> run_loopback(const v1::FederationConfig& config, SimTask& task,
                                const std::filesystem::path& out_dir, const RoundCallback& on_round);
 

@@ -29,6 +29,8 @@ struct RunSummary {
   double sim_seconds = 0;
   uint64_t bytes_total = 0;
   uint64_t peak_rss_bytes = 0;
+  // An MPI run: each rank's peak RSS, in rank order (peak_rss_bytes is rank 0's).
+  std::vector<uint64_t> rank_peak_rss_bytes;
   ResidualStore::Stats residuals;
   // simulate.central_baseline: the same model trained centrally on as many samples.
   bool has_central = false;

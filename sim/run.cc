@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -16,6 +17,7 @@
 #include "gossip/task.h"
 #include "sim/engine.h"
 #include "sim/external_task.h"
+#include "sim/ranks.h"
 #include "sim/task.h"
 
 namespace starling::sim {
@@ -202,6 +204,14 @@ Result<CentralBaseline> central_baseline(const v1::FederationConfig& cfg, SimTas
 
 Result<RunSummary> run_simulation(const v1::FederationConfig& cfg, const std::string& source,
                                   const RunOptions& options) {
+  const Ranks* ranks =
+      options.ranks != nullptr && options.ranks->size() > 1 ? options.ranks : nullptr;
+  const bool writer = ranks == nullptr || ranks->root();
+  if (ranks != nullptr && cfg.simulate().mode() == v1::FedSimulateConfig::LOOPBACK) {
+    return invalid_argument(source +
+                            ": simulate.mode = \"LOOPBACK\" runs in one process; "
+                            "under mpirun use \"IN_PROCESS\"");
+  }
   const std::filesystem::path dir =
       std::filesystem::path(options.out_dir.empty() ? cfg.simulate().out_dir() : options.out_dir);
   std::error_code ec;
@@ -209,23 +219,41 @@ Result<RunSummary> run_simulation(const v1::FederationConfig& cfg, const std::st
   if (ec)
     return invalid_argument(source + ": simulate.out_dir '" + dir.string() + "': " + ec.message());
   const std::string config_toml = config::to_toml(cfg);
-  RETURN_IF_ERROR(write_file(dir / "config.toml", config_toml));
+  if (writer) RETURN_IF_ERROR(write_file(dir / "config.toml", config_toml));
   RETURN_IF_ERROR(check_simulated_trainer(cfg, source));
   RETURN_IF_ERROR(check_external_evaluation(cfg, source));
   ASSIGN_OR_RETURN(auto task, SimTask::create(cfg, source));
-  spdlog::info("simulate: {}", task->describe());
+  if (writer) spdlog::info("simulate: {}", task->describe());
+  if (ranks != nullptr && writer) {
+    spdlog::info(
+        "simulate: {} MPI ranks share each round's clients (client k trains on rank k "
+        "mod {})",
+        ranks->size(), ranks->size());
+  }
 
-  std::ofstream metrics(dir / "metrics.jsonl", std::ios::trunc);
-  std::ofstream timing(dir / "timing.jsonl", std::ios::trunc);
-  if (!metrics || !timing) return internal_error("cannot write the metrics of " + dir.string());
-  Progress progress(options.progress_stream, options.progress && cfg.simulate().progress(),
+  std::ofstream metrics, timing;
+  if (writer) {
+    metrics.open(dir / "metrics.jsonl", std::ios::trunc);
+    timing.open(dir / "timing.jsonl", std::ios::trunc);
+    if (!metrics || !timing) return internal_error("cannot write the metrics of " + dir.string());
+  }
+  Progress progress(options.progress_stream,
+                    writer && options.progress && cfg.simulate().progress(),
                     cfg.rounds().num_rounds());
   auto on_round = [&](const RoundRecord& r) {
+    if (!writer) return;
     metrics << r.metrics_json() << '\n';
     metrics.flush();
     timing << nlohmann::json({{"round", r.round}, {"real_seconds", r.real_seconds}}).dump() << '\n';
     progress.update(r);
   };
+  // Under MPI a rank may die mid-run: rank 0 keeps the last completed round's model on disk.
+  ModelCallback on_model;
+  if (ranks != nullptr && writer) {
+    on_model = [&](uint64_t round, std::span<const float> global) {
+      return task->save_model(dir / "model.safetensors", global, round);
+    };
+  }
   const bool loopback = cfg.simulate().mode() == v1::FedSimulateConfig::LOOPBACK;
   // The aggregator and clients log every round and connection; the progress bar says it better.
   const auto level = spdlog::get_level();
@@ -233,10 +261,28 @@ Result<RunSummary> run_simulation(const v1::FederationConfig& cfg, const std::st
     spdlog::set_level(spdlog::level::warn);
   }
   auto result = loopback ? run_loopback(cfg, *task, dir, on_round)
-                         : run_in_process(cfg, *task, dir, on_round);
+                         : run_in_process(cfg, *task, dir, on_round, ranks, on_model);
   spdlog::set_level(level);
   progress.finish();
   if (!result.ok()) return result.status().with_context(source);
+  std::vector<uint64_t> rss_of_ranks;
+  if (ranks != nullptr) {
+    // Every rank's peak RSS to rank 0; only rank 0 writes the rest.
+    std::string mine(sizeof(uint64_t), '\0');
+    const uint64_t rss = peak_rss_bytes();
+    std::memcpy(mine.data(), &rss, sizeof(rss));
+    ASSIGN_OR_RETURN(auto all, ranks->allgather(mine), source + ": peak RSS");
+    if (!writer) {
+      RunSummary s = summarize(*result);
+      s.dir = dir;
+      return s;
+    }
+    for (const auto& one : all) {
+      uint64_t v = 0;
+      std::memcpy(&v, one.data(), std::min(one.size(), sizeof(v)));
+      rss_of_ranks.push_back(v);
+    }
+  }
   RunSummary s = summarize(*result);
   s.dir = dir;
   s.task = task->describe();
@@ -246,6 +292,7 @@ Result<RunSummary> run_simulation(const v1::FederationConfig& cfg, const std::st
               std::to_string(cfg.secagg().modulus_bits());
   }
   s.peak_rss_bytes = peak_rss_bytes();
+  s.rank_peak_rss_bytes = std::move(rss_of_ranks);
   RETURN_IF_ERROR(task->save_model(dir / "model.safetensors", result->global, s.rounds));
   if (cfg.simulate().central_baseline()) {
     ASSIGN_OR_RETURN(const CentralBaseline c, central_baseline(cfg, *task, *result),
@@ -269,6 +316,8 @@ Result<RunSummary> run_simulation(const v1::FederationConfig& cfg, const std::st
       {"sim_seconds", s.sim_seconds},
       {"real_seconds", s.real_seconds},
       {"peak_rss_bytes", s.peak_rss_bytes},
+      {"mpi_ranks", std::max<size_t>(1, s.rank_peak_rss_bytes.size())},
+      {"rank_peak_rss_bytes", s.rank_peak_rss_bytes},
       {"central_baseline", s.has_central ? nlohmann::json{{"test_loss", s.central_loss},
                                                           {"test_accuracy", s.central_accuracy},
                                                           {"samples", s.central_samples},

@@ -25,10 +25,16 @@ std::string_view default_config_toml();
 // is taken as a string) and merges it over `config`. Errors name the override.
 Status apply_overrides(const std::vector<std::string>& sets, google::protobuf::Message* config);
 
+class Ranks;
+
 struct RunOptions {
   std::string out_dir;   // overrides simulate.out_dir when non-empty
   bool progress = true;  // and simulate.progress
   std::FILE* progress_stream = stderr;
+  // An MPI job sharing the run (sim/ranks.h; null: one process). Rank 0 writes the run folder,
+  // saving the model after every round so a rank that dies leaves the last completed round's
+  // model on disk; the other ranks train and write nothing.
+  const Ranks* ranks = nullptr;
 };
 
 // Runs one simulation into its folder. `source` names the config in errors.

@@ -5,6 +5,7 @@
 
 #include "apps/starling/commands.h"
 #include "core/cuda/device.h"
+#include "sim/ranks.h"
 
 namespace starling::apps {
 
@@ -14,6 +15,9 @@ void register_info(CLI::App& app, CommandContext& /*ctx*/) {
     std::printf("starling 0.1.0\n");
     std::printf("cpu threads: %d (OpenMP)\n", omp_get_max_threads());
     std::printf("cuda backend: %s\n", cuda::built_with_cuda() ? "built" : "not built");
+    std::printf("mpi: %s\n", sim::Ranks::built_with_mpi()
+                                 ? "built (mpirun -n R starling simulate -c CONFIG)"
+                                 : "not built (install libopenmpi-dev and rebuild)");
     const auto devs = cuda::devices();
     if (devs.empty()) std::printf("cuda devices: none\n");
     for (const auto& d : devs) {

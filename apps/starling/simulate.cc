@@ -15,6 +15,7 @@
 #include "apps/starling/fetch_data.h"
 #include "core/config/toml_config.h"
 #include "gossip/task.h"
+#include "sim/ranks.h"
 #include "sim/run.h"
 
 namespace starling::apps {
@@ -74,6 +75,15 @@ void print_summary(const sim::RunSummary& s) {
   std::printf("  %-22s %s\n", "simulated wall time", sim::format_seconds(s.sim_seconds).c_str());
   std::printf("  %-22s %s\n", "real wall time", sim::format_seconds(s.real_seconds).c_str());
   std::printf("  %-22s %s\n", "peak RSS", sim::format_bytes(double(s.peak_rss_bytes)).c_str());
+  if (s.rank_peak_rss_bytes.size() > 1) {
+    std::string per_rank;
+    for (size_t r = 0; r < s.rank_peak_rss_bytes.size(); ++r) {
+      per_rank += (r ? ", " : "") + std::to_string(r) + ": " +
+                  sim::format_bytes(double(s.rank_peak_rss_bytes[r]));
+    }
+    std::printf("  %-22s %zu ranks; peak RSS per rank %s\n", "MPI", s.rank_peak_rss_bytes.size(),
+                per_rank.c_str());
+  }
   std::printf("  %-22s %s/report.html\n", "report", s.dir.string().c_str());
   if (std::filesystem::exists(s.dir / "model.safetensors")) {
     std::printf("  %-22s %s/model.safetensors\n", "model", s.dir.string().c_str());
@@ -104,7 +114,48 @@ Status run_gossip(const std::string& path, const SimulateArgs& args) {
   return ok_status();
 }
 
+// `mpirun -n R starling simulate -c CONFIG`: every rank runs this with the same config and
+// shares each round's clients (sim/ranks.h); rank 0 writes the run folder and prints.
+Status run_ranks(const SimulateArgs& args, const sim::Ranks& ranks) {
+  if (args.configs.size() != 1) {
+    return invalid_argument("under mpirun, `starling simulate` takes exactly one --config");
+  }
+  const std::string& path = args.configs[0];
+  ASSIGN_OR_RETURN(const bool gossip, is_gossip_config(path));
+  if (gossip) return invalid_argument(path + ": gossip simulations run in one process");
+  ASSIGN_OR_RETURN(auto cfg, load(path, args));
+  ASSIGN_OR_RETURN(auto expanded, sim::expand_sweep(cfg, path));
+  if (expanded.size() != 1) return invalid_argument(path + ": a [sweep] runs in one process");
+  // Rank 0 fetches a missing dataset; the others wait for it (and hear when it failed).
+  Status fetched = ranks.root() ? fetch_federation_data(cfg) : Status();
+  ASSIGN_OR_RETURN(auto said, ranks.allgather(fetched.ok() ? "" : fetched.to_string()));
+  if (!said[0].empty()) return failed_precondition("rank 0: " + said[0]);
+  sim::RunOptions o;
+  o.progress = !args.quiet;
+  o.out_dir = args.out_dir;
+  o.ranks = &ranks;
+  ASSIGN_OR_RETURN(auto s, sim::run_simulation(cfg, path, o));
+  if (ranks.root()) print_summary(s);
+  return ok_status();
+}
+
 Status run(const SimulateArgs& args) {
+  ASSIGN_OR_RETURN(auto ranks, sim::Ranks::init());
+  if (ranks->size() > 1) {
+    // Only rank 0 speaks at info level; the others report warnings and errors.
+    if (!ranks->root() && spdlog::get_level() <= spdlog::level::info) {
+      spdlog::set_level(spdlog::level::warn);
+    }
+    const Status st = run_ranks(args, *ranks);
+    if (!st.ok()) {
+      // Another rank may be waiting in a collective: end the whole job, naming this rank.
+      std::fprintf(stderr, "error: rank %d of %d: %s\n", ranks->rank(), ranks->size(),
+                   st.to_string().c_str());
+      std::fflush(stderr);
+      ranks->abort(1);
+    }
+    return st;
+  }
   std::vector<std::string> paths = args.configs;
   if (paths.empty()) paths.push_back("");
   if (paths.size() == 1) {
