@@ -13,6 +13,16 @@
 #include "edge_client/model_params.h"
 
 namespace starling::gossip {
+namespace {
+
+ModelTaskFactory& model_task_factory() {
+  static ModelTaskFactory factory;
+  return factory;
+}
+
+}  // namespace
+
+void set_model_task_factory(ModelTaskFactory factory) { model_task_factory() = std::move(factory); }
 
 Result<v1::GossipConfig> load_gossip_config(const std::filesystem::path& file) {
   v1::GossipConfig config;
@@ -44,23 +54,29 @@ Status validate_gossip_config(const v1::GossipConfig& c, std::string_view source
       c.topology().kind() != v1::GossipTopologyConfig::RANDOM_REGULAR || c.topology().degree() > 0,
       "topology.degree", "must be positive");
   check(c.data().num_clients() > 0, "data.num_clients", "must be positive");
-  check(c.data().alpha() > 0, "data.alpha", "must be positive");
-  check(c.data().shards_per_client() > 0, "data.shards_per_client", "must be positive");
-  check(c.data().dataset() == "mnist" || c.data().dataset() == "fashion-mnist", "data.dataset",
-        "must be mnist or fashion-mnist");
-  check(c.model().hidden() > 0, "model.hidden", "must be positive");
-  check(std::isfinite(c.model().init_std()) && c.model().init_std() > 0, "model.init_std",
-        "must be finite and positive");
-  check(std::isfinite(c.model().init_bias()), "model.init_bias", "must be finite");
-  check(c.model().arch() == v1::FedModelConfig::MLP, "model.arch",
-        "must be MLP (gossip trains the MNIST 2NN)");
-  check(c.data().partition() == v1::FedDataConfig::IID ||
-            c.data().partition() == v1::FedDataConfig::DIRICHLET ||
-            c.data().partition() == v1::FedDataConfig::SHARDS,
-        "data.partition", "must be IID, DIRICHLET or SHARDS");
+  // task.kind FEDERATED: [data], [model] and [lora] are checked as a federation's when the task
+  // is made (the model kind's own rules, e.g. ROLES for shakespeare, init_from for GPT).
+  const bool federated = c.task().kind() == v1::GossipTaskConfig::FEDERATED;
+  if (!federated) {
+    check(c.data().alpha() > 0, "data.alpha", "must be positive");
+    check(c.data().shards_per_client() > 0, "data.shards_per_client", "must be positive");
+    check(c.data().dataset() == "mnist" || c.data().dataset() == "fashion-mnist", "data.dataset",
+          "must be mnist or fashion-mnist (other data: task.kind = \"FEDERATED\")");
+    check(c.model().hidden() > 0, "model.hidden", "must be positive");
+    check(std::isfinite(c.model().init_std()) && c.model().init_std() > 0, "model.init_std",
+          "must be finite and positive");
+    check(std::isfinite(c.model().init_bias()), "model.init_bias", "must be finite");
+    check(c.model().arch() == v1::FedModelConfig::MLP, "model.arch",
+          "must be MLP for task.kind MNIST (other models: task.kind = \"FEDERATED\")");
+    check(c.data().partition() == v1::FedDataConfig::IID ||
+              c.data().partition() == v1::FedDataConfig::DIRICHLET ||
+              c.data().partition() == v1::FedDataConfig::SHARDS,
+          "data.partition", "must be IID, DIRICHLET or SHARDS");
+    check(c.peer().partition_index() < c.data().num_clients(), "peer.partition_index",
+          "must be below data.num_clients");
+    check(c.lora().rank() == 0, "lora.rank", "applies to task.kind = \"FEDERATED\" only");
+  }
   check(c.task().consensus_dim() > 0, "task.consensus_dim", "must be positive");
-  check(c.peer().partition_index() < c.data().num_clients(), "peer.partition_index",
-        "must be below data.num_clients");
   check(c.peer().heartbeat_ms() > 0, "peer.heartbeat_ms", "must be positive");
   check(c.peer().fail_timeout_ms() > c.peer().heartbeat_ms(), "peer.fail_timeout_ms",
         "must exceed peer.heartbeat_ms");
@@ -157,8 +173,8 @@ NodeOptions node_options(const v1::GossipConfig& c) {
   }
   o.codec = c.algorithm().codec();
   o.consensus_step = c.algorithm().consensus_step();
-  // MNIST peers all start from the one seeded 2NN; consensus peers start apart.
-  o.shared_init = c.task().kind() == v1::GossipTaskConfig::MNIST;
+  // Trained peers all start from the one model (D-PSGD assumes it); consensus peers start apart.
+  o.shared_init = c.task().kind() != v1::GossipTaskConfig::CONSENSUS;
   o.seed = c.rounds().seed();
   return o;
 }
@@ -187,6 +203,23 @@ Result<std::unique_ptr<GossipTask>> GossipTask::create(const v1::GossipConfig& c
   std::unique_ptr<GossipTask> t(new GossipTask());
   t->config_ = c;
   t->mnist_ = c.task().kind() == v1::GossipTaskConfig::MNIST;
+  if (c.task().kind() == v1::GossipTaskConfig::FEDERATED) {
+    if (!model_task_factory()) {
+      return failed_precondition(
+          "gossip task: task.kind FEDERATED needs the model kinds of sim/ "
+          "(sim::register_gossip_model_tasks was not called)");
+    }
+    ASSIGN_OR_RETURN(t->model_task_, model_task_factory()(c, "gossip config"));
+    if (t->model_task_->num_partitions() < 1) {
+      return invalid_argument("gossip task: the dataset has no partition to train on");
+    }
+    t->layout_ = t->model_task_->layout();
+    t->init_ = t->model_task_->initial();
+    t->model_trainers_.resize(static_cast<size_t>(
+        std::min(std::max(num_partitions, 1), t->model_task_->num_partitions())));
+    (void)with_test;  // the model kind loads its held-out data itself
+    return t;
+  }
   if (!t->mnist_) {
     const auto dim = static_cast<int64_t>(c.task().consensus_dim());
     t->layout_ = compress::flat_layout(dim);
@@ -233,7 +266,17 @@ Result<std::unique_ptr<GossipTask>> GossipTask::create(const v1::GossipConfig& c
   return t;
 }
 
+std::string GossipTask::describe() const {
+  if (model_task_) return model_task_->describe();
+  if (mnist_) {
+    return config_.data().dataset() + ", " + std::to_string(parts_.size()) + " partitions, 2NN " +
+           std::to_string(init_.size()) + " parameters";
+  }
+  return "consensus of " + std::to_string(config_.task().consensus_dim()) + " values";
+}
+
 std::vector<float> GossipTask::initial(int peer) const {
+  if (model_task_) return init_;
   if (!mnist_) {
     return std::vector<float>(static_cast<size_t>(config_.task().consensus_dim()),
                               static_cast<float>(peer));
@@ -242,6 +285,16 @@ std::vector<float> GossipTask::initial(int peer) const {
 }
 
 edge_client::LocalTrainer* GossipTask::trainer(int peer) {
+  if (model_task_) {
+    // Peer k trains partition k (mod the partitions there are).
+    const int part = peer % model_task_->num_partitions();
+    if (static_cast<size_t>(part) >= model_trainers_.size()) {
+      model_trainers_.resize(static_cast<size_t>(part) + 1);
+    }
+    auto& slot = model_trainers_[static_cast<size_t>(part)];
+    if (!slot) slot = model_task_->make_trainer(part);
+    return slot.get();
+  }
   if (!mnist_) return nullptr;
   auto& slot = trainers_[static_cast<size_t>(peer) % trainers_.size()];
   if (!slot) {
@@ -255,6 +308,7 @@ edge_client::LocalTrainer* GossipTask::trainer(int peer) {
 }
 
 double GossipTask::examples(int peer) const {
+  if (model_task_) return model_task_->examples(peer % model_task_->num_partitions());
   if (!mnist_) return 1.0;
   return static_cast<double>(parts_[static_cast<size_t>(peer) % parts_.size()].size());
 }
@@ -264,6 +318,12 @@ TaskEval GossipTask::evaluate(std::span<const float> params) const {
   double sum = 0.0;
   for (float v : params) sum += v;
   e.mean_value = params.empty() ? 0.0 : sum / static_cast<double>(params.size());
+  if (model_task_) {
+    const TaskEval m = model_task_->evaluate(params);
+    e.loss = m.loss;
+    e.accuracy = m.accuracy;
+    return e;
+  }
   if (mnist_ && test_) {
     (void)edge_client::load_flat(*eval_model_, params);
     const auto r =
@@ -305,11 +365,12 @@ Result<SimulationSummary> run_simulation(const v1::GossipConfig& c,
   for (int i = 0; i < n; ++i) {
     initial.push_back(task->initial(i));
     weights.push_back(task->examples(i));
-    if (task->is_mnist()) trainers.push_back(task->trainer(i));
+    if (task->trains()) trainers.push_back(task->trainer(i));
   }
   ASSIGN_OR_RETURN(auto sim, Simulation::create(simulation_options(c), task->layout(),
                                                 std::move(initial), trainers, weights));
   ASSIGN_OR_RETURN(auto log, JsonLines::open(c.simulate().metrics_path()));
+  spdlog::info("gossip task: {}", task->describe());
   spdlog::info("gossip simulation: {} peers, {} on {}{}, codec {}, {} rounds", n,
                algorithm_name(sim->options().node.algorithm),
                topology_name(sim->options().topology.kind),
@@ -377,7 +438,7 @@ Result<SimulationSummary> run_simulation(const v1::GossipConfig& c,
       j["min_test_accuracy"] = summary.min_accuracy;
       j["mean_model_test_accuracy"] = summary.mean_model_eval.accuracy;
       j["mean_model_value"] = summary.mean_model_eval.mean_value;
-      if (task->is_mnist()) {
+      if (task->trains()) {
         spdlog::info(
             "round {}: consensus distance {:.4g}, {:.3f} MB sent per peer, test accuracy mean "
             "{:.4f} (min {:.4f}), mean model {:.4f}",

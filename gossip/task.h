@@ -44,6 +44,28 @@ struct TaskEval {
   double mean_value = 0.0;  // mean parameter value (the consensus task's figure)
 };
 
+// task.kind FEDERATED: a model kind of the federation side (sim/'s SimTask: GPT with LoRA, MDLM,
+// the image models) as gossip peers see it. sim/ provides it (sim::register_gossip_model_tasks),
+// since gossip/ does not link sim/.
+class ModelTask {
+ public:
+  virtual ~ModelTask() = default;
+  virtual const compress::Layout& layout() const = 0;
+  virtual std::vector<float> initial() const = 0;
+  virtual int num_partitions() const = 0;
+  // Partition k's trainer (what a peer on it trains).
+  virtual std::unique_ptr<edge_client::LocalTrainer> make_trainer(int partition) const = 0;
+  // Its training examples (tokens for the language models): the FedAvg weight.
+  virtual double examples(int partition) const = 0;
+  // The model on the held-out data (loss, accuracy).
+  virtual TaskEval evaluate(std::span<const float> params) = 0;
+  virtual std::string describe() const = 0;
+};
+using ModelTaskFactory = std::function<Result<std::unique_ptr<ModelTask>>(
+    const v1::GossipConfig& config, std::string_view source)>;
+// Installs the factory of task.kind FEDERATED (once per process; later calls replace it).
+void set_model_task_factory(ModelTaskFactory factory);
+
 // What every peer trains. Thread-compatible; trainers are made on demand and owned here.
 class GossipTask {
  public:
@@ -54,7 +76,8 @@ class GossipTask {
 
   const compress::Layout& layout() const { return layout_; }
   // Peer k's starting model: MNIST: the seeded 2NN (the same for all, as D-PSGD assumes);
-  // consensus: every element equal to k.
+  // FEDERATED: the model kind's initial model (with init_from and [lora]: the adapters on the
+  // pretrained base), the same for all; consensus: every element equal to k.
   std::vector<float> initial(int peer) const;
   // Peer k's trainer (partition k); nullptr for the consensus task.
   edge_client::LocalTrainer* trainer(int peer);
@@ -64,6 +87,10 @@ class GossipTask {
   // with_test for MNIST.
   TaskEval evaluate(std::span<const float> params) const;
   bool is_mnist() const { return mnist_; }
+  // Whether peers train (MNIST, FEDERATED) rather than only average (consensus).
+  bool trains() const { return mnist_ || model_task_ != nullptr; }
+  // One line for logs: the dataset, partitions and model.
+  std::string describe() const;
 
  private:
   GossipTask() = default;
@@ -78,6 +105,9 @@ class GossipTask {
   std::vector<std::unique_ptr<edge_client::MnistTrainer>> trainers_;
   std::unique_ptr<models::Mlp> eval_model_;
   int64_t eval_n_ = 0;
+  // task.kind FEDERATED.
+  std::unique_ptr<ModelTask> model_task_;
+  std::vector<std::unique_ptr<edge_client::LocalTrainer>> model_trainers_;
 };
 
 // JSON lines appended to a file, flushed per line. Not thread-safe.

@@ -395,6 +395,11 @@ run_config() {
       kind=peer; run_peer_sim "$cfg" 2 ;;
     gossip_peer)
       kind=peer; run_peer_sim "$cfg" 2; run_gossip_processes "$cfg" ;;
+    gossip_gpt2_lora_roles8)
+      # The base swapped for the transformers-written fixture (32 positions, its own BPE).
+      kind=peer
+      run_peer_sim "$cfg" 2 "model.init_from=\"hf:$repo/tests/fixtures/hf_gpt2_tiny\"" \
+        model.block_size=32 local.local_steps=2 eval.max_examples=16 ;;
 
     *)
       kind=unknown

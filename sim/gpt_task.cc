@@ -115,6 +115,10 @@ class ShakespeareTask final : public SimTask {
   }
 
   int num_clients() const override { return static_cast<int>(names_.size()); }
+  double client_examples(int client) const override {
+    const auto k = static_cast<size_t>(client);
+    return static_cast<double>(bounds_[k + 1] - bounds_[k]);
+  }
   const compress::Layout& layout() const override { return layout_; }
   // The model every node builds: drawn from `seed`, or the base's weights (frozen, shared) with
   // the adapters of [lora].

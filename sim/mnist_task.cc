@@ -26,6 +26,9 @@ class MnistTask final : public SimTask {
   }
 
   // kServer: data.num_clients (no partition is computed).
+  double client_examples(int client) const override {
+    return train_ ? static_cast<double>(parts_[static_cast<size_t>(client)].size()) : 1.0;
+  }
   int num_clients() const override {
     return train_ ? static_cast<int>(parts_.size())
                   : static_cast<int>(config_.data().num_clients());

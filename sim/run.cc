@@ -17,6 +17,7 @@
 #include "gossip/task.h"
 #include "sim/engine.h"
 #include "sim/external_task.h"
+#include "sim/gossip_tasks.h"
 #include "sim/ranks.h"
 #include "sim/task.h"
 
@@ -334,6 +335,7 @@ Result<RunSummary> run_simulation(const v1::FederationConfig& cfg, const std::st
 
 Result<RunSummary> run_gossip_simulation(const v1::GossipConfig& config, const std::string& source,
                                          const RunOptions& options) {
+  register_gossip_model_tasks();  // task.kind FEDERATED
   const std::filesystem::path dir =
       std::filesystem::path(options.out_dir.empty() ? "runs/sim_gossip" : options.out_dir);
   std::error_code ec;

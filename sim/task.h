@@ -55,6 +55,9 @@ class SimTask {
   // vocabulary; InvalidArgument for the tasks that take no local text.
   virtual Result<std::unique_ptr<edge_client::LocalTrainer>> make_local_trainer(
       const std::filesystem::path& path, std::string* describe) const;
+  // Client k's training examples (tokens for the language models), a gossip peer's averaging
+  // weight; 1 for the tasks that do not say.
+  virtual double client_examples(int /*client*/) const { return 1.0; }
   // Local steps client k takes for `plan` (to emulate its compute time).
   virtual int64_t local_steps(int client, const v1::RoundPlan& plan) const = 0;
   // The global model on the held-out data. Not thread-safe.

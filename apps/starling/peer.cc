@@ -19,6 +19,7 @@
 #include "core/net/reload_watch.h"
 #include "core/net/tls.h"
 #include "gossip/task.h"
+#include "sim/gossip_tasks.h"
 
 namespace starling::apps {
 namespace {
@@ -44,13 +45,15 @@ Status run_simulated(const v1::GossipConfig& cfg) {
   }
   spdlog::info(
       "gossip simulation: {} rounds, consensus distance {:.4g}, {:.3f} MB sent per peer "
-      "({} bytes in all), test accuracy mean {:.4f} min {:.4f}, mean model {:.4f}",
+      "({} bytes in all), test accuracy mean {:.4f} min {:.4f}, mean model {:.4f} (test loss "
+      "{:.4f})",
       s.rounds, s.consensus_distance, s.bytes_per_node / 1e6, s.total_bytes, s.mean_accuracy,
-      s.min_accuracy, s.mean_model_eval.accuracy);
+      s.min_accuracy, s.mean_model_eval.accuracy, s.mean_model_eval.loss);
   return ok_status();
 }
 
 Status run_peer(const PeerArgs& args) {
+  sim::register_gossip_model_tasks();  // task.kind FEDERATED: the federations' model kinds
   ASSIGN_OR_RETURN(auto cfg, gossip::load_gossip_config(args.config));
   if (args.num_rounds) cfg.mutable_rounds()->set_num_rounds(args.num_rounds);
   if (!args.metrics.empty()) {
@@ -78,9 +81,10 @@ Status run_peer(const PeerArgs& args) {
     return invalid_argument("peer: partition " + std::to_string(index) + " >= data.num_clients " +
                             std::to_string(cfg.data().num_clients()));
   }
-  const bool mnist = cfg.task().kind() == v1::GossipTaskConfig::MNIST;
+  const bool trains = cfg.task().kind() != v1::GossipTaskConfig::CONSENSUS;
   ASSIGN_OR_RETURN(auto task, gossip::GossipTask::create(
-                                  cfg, static_cast<int>(cfg.data().num_clients()), mnist));
+                                  cfg, static_cast<int>(cfg.data().num_clients()), trains));
+  spdlog::info("peer: {}", task->describe());
   ASSIGN_OR_RETURN(auto server_ctx, net::make_tls_context(tls, net::TlsSide::kServer));
   ASSIGN_OR_RETURN(auto client_ctx, net::make_tls_context(tls, net::TlsSide::kClient));
   ASSIGN_OR_RETURN(auto metrics, gossip::JsonLines::open(cfg.peer().metrics_path()));
@@ -108,10 +112,10 @@ Status run_peer(const PeerArgs& args) {
         {"elapsed_seconds",
          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
     const bool eval = (every > 0 && r.round % every == 0) || r.round == rounds;
-    if (eval || !mnist) {
+    if (eval || !trains) {
       const auto e = task->evaluate(params);
       j["mean_value"] = e.mean_value;
-      if (mnist) {
+      if (trains) {
         j["test_accuracy"] = e.accuracy;
         j["test_loss"] = e.loss;
         spdlog::info("peer {} round {}: {} live, mixed {}/{}, test accuracy {:.4f}", node_id,
@@ -159,7 +163,7 @@ Status run_peer(const PeerArgs& args) {
   const auto final_eval = task->evaluate(peer->params());
   spdlog::info("peer {}: done after {} rounds; {} bytes sent; mean parameter {:.6g}{}", node_id,
                peer->rounds_completed(), peer->bytes_sent(), final_eval.mean_value,
-               mnist ? fmt::format(", test accuracy {:.4f}", final_eval.accuracy) : "");
+               trains ? fmt::format(", test accuracy {:.4f}", final_eval.accuracy) : "");
   return ok_status();
 }
 
