@@ -96,6 +96,9 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     std::unique_ptr<asio::steady_timer> stall_timer;
     // Secure aggregation: this client's index in the round (-1: not in one).
     int64_t sa_index = -1;
+    // A leaf aggregator of a tier below (Hello role LEAF): its upload is a partial mean with
+    // the total weight and the contributions behind it.
+    bool leaf = false;
   };
 
   // The secure aggregation of the round in progress (AggregatorOptions::secagg). What it holds
@@ -127,7 +130,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
         accumulator(static_cast<int64_t>(global.size()), options.rule),
         hook(std::move(h)),
         deadline_timer(io_ctx),
-        heartbeat_timer(io_ctx) {
+        heartbeat_timer(io_ctx),
+        leaf_timer(io_ctx) {
     if (options.dp.enabled()) accountant.emplace();
     if (secagg_dp()) skellam.emplace();
   }
@@ -155,6 +159,17 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   std::unique_ptr<net::Server> server;
   asio::steady_timer deadline_timer;
   asio::steady_timer heartbeat_timer;
+  // Leaf mode: the round the tier above asked for, its caller, and when its window closes.
+  asio::steady_timer leaf_timer;
+  std::optional<v1::RoundPlan> leaf_plan;
+  LeafDone leaf_done;
+  Clock::time_point leaf_until;
+  uint64_t leaf_requests = 0;
+  // Who the updates folded this round came from, with their weights (a leaf's upload lists its
+  // own contributors): what a leaf reports upward, and what keeps one client from counting
+  // twice through two leaves.
+  std::vector<v1::Contribution> contributions;
+  std::set<std::string> contributors;
 
   uint64_t upload_memory_used = 0;  // declared before sessions: their reservations point here
   // Turns for model downloads; declared before sessions, whose pumps give slots back.
@@ -256,7 +271,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     auto it = sessions.find(id);
     if (it == sessions.end()) return;
     if (it->second.registered) {
-      spdlog::info("aggregator: client {} left ({})", it->second.node_id, st.to_string());
+      spdlog::info("aggregator: {} {} left ({})", it->second.leaf ? "leaf" : "client",
+                   it->second.node_id, st.to_string());
     }
     const bool was_outstanding = it->second.selected && !it->second.submitted;
     const bool was_registered = it->second.registered;
@@ -325,9 +341,16 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   void on_hello(uint64_t id, Session& s, const v1::Hello& hello) {
     const Status st = net::check_hello(hello, s.conn->peer());
     if (!st.ok()) return reject_peer(s, v1::ERROR_CODE_PERMISSION_DENIED, st);
-    if (hello.role() != v1::ROLE_CLIENT) {
+    if (hello.role() != v1::ROLE_CLIENT && hello.role() != v1::ROLE_LEAF) {
       return reject_peer(s, v1::ERROR_CODE_PERMISSION_DENIED,
-                         permission_denied("only clients may join a federation"));
+                         permission_denied("only clients and leaf aggregators may join a "
+                                           "federation"));
+    }
+    if (hello.role() == v1::ROLE_LEAF) {
+      if (const std::string why = leaf_refusal(); !why.empty()) {
+        return reject_peer(s, v1::ERROR_CODE_PERMISSION_DENIED,
+                           failed_precondition("leaf " + hello.node_id() + " refused: " + why));
+      }
     }
     const std::string refused =
         options.access.refusal(s.conn->peer().node_id, s.conn->peer().serial);
@@ -344,13 +367,36 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     }
     s.node_id = hello.node_id();
     s.registered = true;
+    s.leaf = hello.role() == v1::ROLE_LEAF;
     v1::Envelope reply;
     *reply.mutable_hello() = net::make_hello(options.node_id, v1::ROLE_AGGREGATOR, {options.codec},
                                              wire::kDefaultMaxFrameBytes);
     send(s, reply);
-    spdlog::info("aggregator: client {} registered ({} connected)", s.node_id, registered_count());
+    spdlog::info("aggregator: {} {} registered ({} connected)", s.leaf ? "leaf" : "client",
+                 s.node_id, registered_count());
     if (options.monitor) options.monitor->set_registered(registered_count());
     post_start();
+  }
+
+  // Why this aggregator cannot take leaves ("" when it can): rules whose result over the
+  // leaves' means is not their result over the clients' updates, and privacy mechanisms built
+  // for one tier (docs/federation.md, "Aggregator tiers").
+  std::string leaf_refusal() const {
+    if (options.dp.enabled()) {
+      return "this aggregator runs central DP, which is not built across tiers (the accountant "
+             "needs one Poisson sample over all clients and one noise draw)";
+    }
+    if (secure()) {
+      return "this aggregator runs secure aggregation, which is not built across tiers (a leaf "
+             "would upload its clients' sum in the clear)";
+    }
+    if (options.rule.rule != RobustRule::kMean || options.rule.clip_norm > 0) {
+      return "this aggregator's robust rule (median, trimmed mean, Krum or norm clipping) does "
+             "not compose across tiers: its result over the leaves' means is not its result "
+             "over the clients' updates. Run the rule at the leaves ([robust] in each leaf's "
+             "config) and MEAN without clip_norm at the root";
+    }
+    return "";
   }
 
   size_t registered_count() const {
@@ -412,11 +458,12 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     auto* p = plan.mutable_round_plan();
     p->set_round(round + 1);
     p->set_model_version(version);
-    p->set_local_steps(options.local_steps);
-    p->set_batch_size(options.batch_size);
-    p->set_learning_rate(options.learning_rate);
+    // A leaf relays the tier above's plan; its clients upload with its own codec.
+    p->set_local_steps(leaf_plan ? leaf_plan->local_steps() : options.local_steps);
+    p->set_batch_size(leaf_plan ? leaf_plan->batch_size() : options.batch_size);
+    p->set_learning_rate(leaf_plan ? leaf_plan->learning_rate() : options.learning_rate);
     p->set_codec(options.codec);
-    p->set_deadline_unix_ms(unix_ms_after(options.round_deadline));
+    p->set_deadline_unix_ms(unix_ms_after(round_deadline()));
     p->set_seed(Rng(options.seed).fork(round + 1).fork(fnv1a(s.node_id)).next_u64());
     p->set_secure_aggregation(secure());
     send(s, plan);
@@ -473,10 +520,20 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     }
   }
 
+  // How long the round starting now may take: a leaf's ends within the window of the tier
+  // above's round.
+  std::chrono::milliseconds round_deadline() const {
+    if (!options.leaf) return options.round_deadline;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(leaf_until - Clock::now());
+    return std::clamp(left, std::chrono::milliseconds(1), options.round_deadline);
+  }
+
   void maybe_start_round() {
     if (done) return;
     if (async()) return dispatch_async();
     if (round_active) return;
+    if (options.leaf && !leaf_done) return;  // a leaf's rounds are the tier above's
     std::vector<Session*> idle;
     for (auto& [sid, s] : sessions) {
       if (s.registered && s.conn->is_open()) idle.push_back(&s);
@@ -530,6 +587,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     fold_seconds = 0.0;
     most_streaming = uploads_streaming;
     accumulator.reset();
+    contributions.clear();
+    contributors.clear();
     round_active = true;
     started = Clock::now();
 
@@ -553,7 +612,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       spdlog::info("aggregator: round {} started: {} selected for {} updates ({} available)",
                    round + 1, pick, want, available);
     }
-    deadline_timer.expires_after(options.round_deadline);
+    deadline_timer.expires_after(round_deadline());
     deadline_timer.async_wait(
         [weak = weak_from_this(), r = round, a = attempt](const asio::error_code& ec) {
           auto self = weak.lock();
@@ -999,15 +1058,18 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
           s, invalid_argument("update against model version " + std::to_string(u.base_version()) +
                               ", sent " + std::to_string(s.base_version)));
     }
+    if (const Status st = check_contributions(s, u); !st.ok()) return reject_update(s, st);
     // DP-FedAvg bounds each client's influence: every clipped update counts once.
     s.weight = options.dp.enabled() || sa ? 1.0f : static_cast<float>(u.num_samples());
     if (async()) {
       // Refused early when already too stale; the weight is set when it is folded.
       if (const Status st = check_staleness(s); !st.ok()) return reject_update(s, st);
     }
-    if (u.num_samples() == 0 || u.num_samples() > (1ull << 24)) {
+    // A leaf's weight is its clients' (checked against its contributions above).
+    const uint64_t most_samples = s.leaf ? (1ull << 40) : (1ull << 24);
+    if (u.num_samples() == 0 || u.num_samples() > most_samples) {
       return reject_update(s, invalid_argument("num_samples " + std::to_string(u.num_samples()) +
-                                               " outside [1, 2^24]"));
+                                               " outside [1, 2^" + (s.leaf ? "40" : "24") + "]"));
     }
     const uint64_t limit =
         options.max_update_bytes ? options.max_update_bytes : global.size() * 8 + (1u << 20);
@@ -1032,6 +1094,49 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     s.upload = u;
     if (u.transfer().num_chunks() == 0) return finish_upload(s);
     request_upload_turn(s);
+  }
+
+  // A client's upload lists no contributions and comes from a client not yet counted this
+  // round; a leaf's lists its clients, each once and not counted yet, with weights in range
+  // that add up to the weight it uploads (its partial mean is folded with that weight).
+  Status check_contributions(const Session& s, const v1::UpdateUpload& u) const {
+    if (!s.leaf) {
+      if (u.contributions_size() > 0) {
+        return permission_denied("client " + s.node_id +
+                                 " lists contributions: only a leaf aggregator's upload may "
+                                 "(a certificate of role leaf)");
+      }
+      if (contributors.count(s.node_id)) {
+        return invalid_argument("client " + s.node_id +
+                                " already contributed to this round through a leaf");
+      }
+      return ok_status();
+    }
+    if (u.contributions_size() == 0) {
+      return invalid_argument("leaf " + s.node_id +
+                              " uploads a partial sum without the contributions behind it");
+    }
+    uint64_t sum = 0;
+    std::set<std::string_view> seen;
+    for (const auto& c : u.contributions()) {
+      if (c.num_samples() == 0 || c.num_samples() > (1ull << 24)) {
+        return invalid_argument("leaf " + s.node_id + " lists client '" + c.node_id() +
+                                "' with weight " + std::to_string(c.num_samples()) +
+                                ", outside [1, 2^24]");
+      }
+      if (!seen.insert(c.node_id()).second || contributors.count(c.node_id())) {
+        return invalid_argument("leaf " + s.node_id + " lists client '" + c.node_id() +
+                                "', which already contributed to this round");
+      }
+      sum += c.num_samples();
+    }
+    if (sum != u.num_samples()) {
+      return invalid_argument(
+          "leaf " + s.node_id + " uploads weight " + std::to_string(u.num_samples()) + " but its " +
+          std::to_string(u.contributions_size()) + " contributions sum to " + std::to_string(sum) +
+          ": a partial sum must carry the weight of the clients it folds");
+    }
+    return ok_status();
   }
 
   Status check_staleness(const Session& s) const {
@@ -1079,6 +1184,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       payload = std::move(*bytes);
     }
     reset_upload(s);
+    // Again at the fold: two leaves uploading at once may list the same client.
+    if (st = check_contributions(s, s.upload); !st.ok()) return reject_update(s, st);
     if (sa) {
       // A masked vector, read whole from memory or its spill file (it is masked either way).
       spill.reset();
@@ -1110,6 +1217,17 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     if (!st.ok()) return reject_update(s, st);
     if (!sa) crash_point("folding");
     s.submitted = true;
+    if (s.leaf) {
+      for (const auto& c : s.upload.contributions()) {
+        contributors.insert(c.node_id());
+        contributions.push_back(c);
+      }
+    } else {
+      contributors.insert(s.node_id);
+      auto& c = contributions.emplace_back();
+      c.set_node_id(s.node_id);
+      c.set_num_samples(s.upload.num_samples());
+    }
     if (async()) {
       s.selected = false;
       staleness_sum += static_cast<double>(s.staleness);
@@ -1142,6 +1260,12 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     if (accountant ||
         accumulator.count() >= static_cast<int>(std::max<uint32_t>(options.min_updates, 1))) {
       return close_round();
+    }
+    if (options.leaf) {
+      return fail_leaf_round(deadline_exceeded(
+          "round " + std::to_string(round + 1) + " of the leaf closed with " +
+          std::to_string(accumulator.count()) + " update(s), rounds.min_updates is " +
+          std::to_string(options.min_updates)));
     }
     spdlog::warn("aggregator: round {} failed ({} updates, {} needed); retrying", round + 1,
                  accumulator.count(), options.min_updates);
@@ -1230,6 +1354,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       accumulator.mean_into(delta);
       report.excluded = accumulator.excluded();
     }
+    if (options.leaf) return close_leaf_round(report, delta);
     own_global();
     optimizer.apply(global, delta);
     crash_point("stepped");
@@ -1293,11 +1418,102 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       staleness_max = 0;
       most_streaming = uploads_streaming;
       started = Clock::now();
+      contributions.clear();
+      contributors.clear();
     }
     bool go_on = true;
     if (hook) go_on = hook(report, global);
     if (!go_on || round >= options.num_rounds) return finish();
     post_start();
+  }
+
+  // ---- Leaf mode (AggregatorOptions::leaf, aggregator/leaf.h) ----
+
+  void lead_round(const v1::RoundPlan& plan, std::vector<float> model,
+                  std::chrono::milliseconds window, LeafDone cb) {
+    if (!options.leaf) {
+      return cb(failed_precondition("lead_round on an aggregator that is not a leaf"));
+    }
+    if (done) return cb(failed_precondition("the leaf's federation has ended"));
+    if (leaf_done || round_active) {
+      fail_leaf_round(unavailable("the tier above started round " + std::to_string(plan.round())));
+    }
+    if (model.size() != global.size()) {
+      return cb(invalid_argument("the tier above sent a model of " + std::to_string(model.size()) +
+                                 " parameters, this leaf's has " + std::to_string(global.size())));
+    }
+    if (plan.round() == 0) return cb(invalid_argument("round 0 from the tier above"));
+    own_global();
+    std::copy(model.begin(), model.end(), global.begin());
+    std::vector<float>().swap(model);
+    round = plan.round() - 1;
+    version = plan.model_version();
+    attempt = 0;
+    leaf_plan = plan;
+    leaf_done = std::move(cb);
+    leaf_until = Clock::now() + window;
+    const uint64_t id = ++leaf_requests;
+    leaf_timer.expires_at(leaf_until);
+    leaf_timer.async_wait([weak = weak_from_this(), id](const asio::error_code& ec) {
+      auto self = weak.lock();
+      // A round under way closes at its own deadline, which ends within the window.
+      if (ec || !self || self->leaf_requests != id || !self->leaf_done || self->round_active) {
+        return;
+      }
+      self->fail_leaf_round(deadline_exceeded(
+          "round " + std::to_string(self->round + 1) + ": " +
+          std::to_string(self->registered_count()) +
+          " client(s) connected when the leaf's window closed, rounds.min_available is " +
+          std::to_string(self->options.min_available)));
+    });
+    spdlog::info("aggregator: leaf: round {} (model version {}) from the tier above, {} ms",
+                 plan.round(), plan.model_version(), window.count());
+    post_start();
+  }
+
+  // Ends the leaf's round in progress (if any) without a result and tells its caller why.
+  void fail_leaf_round(const Status& why) {
+    if (round_active) {
+      round_active = false;
+      deadline_timer.cancel();
+      upload_queue.clear();
+      for (auto& [sid, s] : sessions) {
+        s.selected = false;
+        reset_upload(s);
+        s.conn->set_idle_deadline(options.server.connection.deadlines.idle);
+      }
+    }
+    leaf_timer.cancel();
+    leaf_plan.reset();
+    LeafDone cb = std::move(leaf_done);
+    leaf_done = nullptr;
+    if (!cb) return;
+    spdlog::warn("aggregator: leaf: round {} failed: {}", round + 1, why.to_string());
+    cb(why);
+  }
+
+  // close_round's end on a leaf: the mean goes up instead of stepping the model.
+  void close_leaf_round(RoundReport& report, std::span<const float> mean) {
+    LeafResult r;
+    r.mean.assign(mean.begin(), mean.end());
+    r.total_weight = accumulator.total_weight();
+    r.contributions = std::move(contributions);
+    contributions.clear();
+    contributors.clear();
+    round = report.round;
+    spdlog::info(
+        "aggregator: leaf: round {} closed: {} updates ({} rejected), weight {}, loss {:.4f}; "
+        "{:.3f} GB/s received, {:.2f} GB/s folded; the mean goes up",
+        report.round, report.updates, report.rejected, report.total_weight, report.mean_train_loss,
+        report.receive_gbps, report.fold_gbps);
+    if (options.monitor) options.monitor->round_closed(report);
+    if (hook) (void)hook(report, global);  // metrics; the tier above decides when the run ends
+    r.report = report;
+    leaf_timer.cancel();
+    leaf_plan.reset();
+    LeafDone cb = std::move(leaf_done);
+    leaf_done = nullptr;
+    if (cb) cb(std::move(r));
   }
 
   void set_access(AccessPolicy policy) {
@@ -1388,6 +1604,11 @@ Result<std::unique_ptr<Aggregator>> Aggregator::create(asio::io_context& io,
       return invalid_argument("aggregator: secagg_stage_timeout must be positive");
     }
   }
+  if (options.leaf && (options.dp.enabled() || options.secagg.enabled() || options.buffer_size)) {
+    return invalid_argument(
+        "aggregator: a leaf runs synchronous rounds without DP or secure aggregation (neither "
+        "is built across tiers; FedBuff runs at the root)");
+  }
   if (numel != static_cast<int64_t>(initial.size())) {
     return invalid_argument("aggregator: initial model has " + std::to_string(initial.size()) +
                             " values, layout " + std::to_string(numel));
@@ -1420,6 +1641,7 @@ Aggregator::~Aggregator() {
   impl_->server->stop();
   impl_->deadline_timer.cancel();
   impl_->heartbeat_timer.cancel();
+  impl_->leaf_timer.cancel();
   if (impl_->sa) impl_->sa->timer.cancel();
   auto sessions = std::move(impl_->sessions);
   impl_->sessions.clear();
@@ -1435,6 +1657,15 @@ size_t Aggregator::registered_clients() const { return impl_->registered_count()
 void Aggregator::set_access(AccessPolicy policy) { impl_->set_access(std::move(policy)); }
 int Aggregator::round_updates() const {
   return impl_->round_active ? impl_->accumulator.count() : 0;
+}
+void Aggregator::lead_round(const v1::RoundPlan& plan, std::vector<float> model,
+                            std::chrono::milliseconds window, LeafDone done) {
+  impl_->lead_round(plan, std::move(model), window, std::move(done));
+}
+void Aggregator::abandon_round(const Status& why) { impl_->fail_leaf_round(why); }
+void Aggregator::end_federation() {
+  impl_->fail_leaf_round(unavailable("the federation ended"));
+  if (!impl_->done) impl_->finish();
 }
 
 }  // namespace starling::aggregator

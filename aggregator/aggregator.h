@@ -23,6 +23,7 @@
 #include "core/net/server.h"
 #include "core/util/status.h"
 #include "core/wire/federation.pb.h"
+#include "core/wire/messages.pb.h"
 
 namespace starling::aggregator {
 
@@ -135,6 +136,14 @@ struct AggregatorOptions {
   // for gone (net::Deadlines::idle, 120 s by default). Clients send theirs likewise
   // (EdgeClientOptions::heartbeat_interval).
   std::chrono::milliseconds heartbeat_interval{30'000};
+  // A leaf of a tier (aggregator/leaf.h; `starling aggregator` with [upstream]): rounds start
+  // only when the tier above asks (lead_round: its round number, model and plan; local_steps,
+  // batch_size and learning_rate come from that plan, codec from these options), and close with
+  // the rule's mean of the updates handed back to the caller instead of a step; nothing is
+  // checkpointed (the tier above holds the model; a restarted leaf gets the next round's).
+  // A round with fewer than min_updates updates when its window closes fails instead of being
+  // retried. REQUIRES: no DP, no secure aggregation, buffer_size == 0 (create() checks).
+  bool leaf = false;
 };
 
 // FedBuff's staleness discount s(tau) = 1 / sqrt(1 + tau) (Nguyen et al. 2022, Section 5).
@@ -177,6 +186,16 @@ struct RoundReport {
   std::array<uint64_t, 4> secagg_stage_bytes{};
 };
 
+// What a leaf's round hands to the tier above (Aggregator::lead_round).
+struct LeafResult {
+  RoundReport report;
+  std::vector<float> mean;  // the rule's mean of the updates (weighted by examples for MEAN)
+  double total_weight = 0;  // the examples behind it
+  // Who contributed, with what weight: the leaf's clients, and the clients below a leaf of its
+  // own (a deeper tree). Their weights sum to total_weight.
+  std::vector<v1::Contribution> contributions;
+};
+
 // Not thread-safe: every call and handler runs on the io_context thread. Destroying it aborts
 // every connection at once, as a crash would; the files already written stay.
 class Aggregator {
@@ -207,6 +226,20 @@ class Aggregator {
   void set_access(AccessPolicy policy);
   // Updates folded so far in the round in progress (0 between rounds).
   int round_updates() const;
+
+  // Leaves only (AggregatorOptions::leaf): runs round plan.round() of the tier above from
+  // `model` with the clients connected, waiting for min_available of them and closing within
+  // `window`, and calls `done` once with its result or why it failed (too few clients or
+  // updates, the window closed, a bad model). A round still running is failed first.
+  using LeafDone = std::function<void(Result<LeafResult>)>;
+  void lead_round(const v1::RoundPlan& plan, std::vector<float> model,
+                  std::chrono::milliseconds window, LeafDone done);
+  // The tier above gave up on the round in progress (its caller stopped waiting): it ends and
+  // `done` hears `why`.
+  void abandon_round(const Status& why);
+  // Ends the federation for the connected clients (they hear it is complete), as the last
+  // round would: a leaf does when the tier above ends.
+  void end_federation();
 
   struct Impl;
 

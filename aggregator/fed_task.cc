@@ -271,6 +271,32 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
       }
     }
   }
+  if (c.has_upstream()) {
+    // A leaf's round is one round of the tier above: it averages, the root steps
+    // (docs/federation.md, "Aggregator tiers").
+    const auto& u = c.upstream();
+    check(u.port() > 0 && u.port() <= 65535, "upstream.port", "must be a TCP port");
+    check(!u.host().empty(), "upstream.host", "must name the aggregator above");
+    check(u.deadline_fraction() > 0 && u.deadline_fraction() < 1, "upstream.deadline_fraction",
+          "must be in (0, 1)");
+    check(u.backoff_initial_ms() > 0 && u.backoff_max_ms() >= u.backoff_initial_ms(),
+          "upstream.backoff_max_ms", "must be >= upstream.backoff_initial_ms > 0");
+    check(u.chunk_kb() >= 1 && u.chunk_kb() <= 16 * 1024 - 1, "upstream.chunk_kb",
+          "must be in [1, 16383] (a chunk and its framing must fit one 16 MiB frame)");
+    check(c.rounds().buffer_size() == 0, "rounds.buffer_size",
+          "must be 0 on a leaf ([upstream]): its rounds are the tier above's (FedBuff runs at "
+          "the root, with leaves as its contributors)");
+    check(c.strategy().kind() == v1::FedStrategyConfig::FEDAVG && c.strategy().server_lr() == 1,
+          "strategy.kind",
+          "must be FEDAVG with server_lr 1 on a leaf ([upstream]): a leaf averages and the root "
+          "applies the strategy once; set [strategy] in the root's config");
+    check(c.dp().clip_norm() == 0, "dp.clip_norm",
+          "must be 0 on a leaf ([upstream]): central DP across tiers is not built (the "
+          "accountant needs one Poisson sample over all clients and one noise draw)");
+    check(!c.secagg().enabled(), "secagg.enabled",
+          "must be false on a leaf ([upstream]): secure aggregation across tiers is not built "
+          "(the leaf would upload its clients' sum in the clear)");
+  }
   check(c.server().metrics_port() <= 65535, "server.metrics_port", "must be a TCP port (0: off)");
   check(c.server().download_window_kb() > 0, "server.download_window_kb", "must be positive");
   check(c.server().download_memory_mb() > 0, "server.download_memory_mb", "must be positive");
@@ -330,6 +356,7 @@ AggregatorOptions aggregator_options(const v1::FederationConfig& c) {
   o.server.port = static_cast<uint16_t>(c.server().port());
   o.node_id = c.server().node_id();
   o.num_rounds = c.rounds().num_rounds();
+  o.leaf = c.has_upstream();
   o.clients_per_round = c.rounds().clients_per_round();
   o.fraction = c.rounds().fraction();
   o.min_available = c.rounds().min_available();

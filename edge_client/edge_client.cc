@@ -223,7 +223,6 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     if (!r.ok()) return fail(r.status().with_context("client " + options.node_id));
     conn = std::move(*r);
     ++connections;
-    backoff.reset();
     server_hello = false;
     auto weak = weak_from_this();
     auto c = conn;
@@ -238,7 +237,7 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
         });
     v1::Envelope hello;
     *hello.mutable_hello() = net::make_hello(
-        options.node_id, v1::ROLE_CLIENT,
+        options.node_id, options.role,
         {"identity", "fp16", "bf16", "int8", "qsgd", "topk", "randk", "powersgd", "sign"},
         wire::kDefaultMaxFrameBytes);
     (void)conn->send(hello);
@@ -280,6 +279,9 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
           return fail(st.ok() ? permission_denied("peer is not an aggregator") : st);
         }
         server_hello = true;
+        // Only an aggregator that took us resets the backoff: one that refuses us at the
+        // Hello (allow-list, revocation, a leaf it cannot take) is retried ever more slowly.
+        backoff.reset();
         return;
       }
       case v1::Envelope::kRoundPlan:
@@ -549,6 +551,7 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     u->set_num_samples(report->num_samples);
     u->set_codec(masked ? std::string(kSecAggMaskedContentType) : p.codec());
     u->set_train_loss(report->loss);
+    for (auto& c : trainer.take_contributions()) *u->add_contributions() = std::move(c);
     *u->mutable_transfer() = pump->header();
     // The chunks follow once the aggregator grants the upload its turn (a ChunkAck).
     (void)conn->send(up);

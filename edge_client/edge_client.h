@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/compress/codec.h"
 #include "core/net/client.h"
@@ -43,11 +44,18 @@ class LocalTrainer {
   // round and comes back for the next) instead of stopping the client. True for trainers that
   // run the user's own code (ExecTrainer): its crash or hang must not end the device's service.
   virtual bool round_failures_recoverable() const { return false; }
+  // A leaf aggregator's "training" (aggregator/leaf.h): the clients the last train()'s mean
+  // folds, with their weights (summing to its num_samples), sent with the upload and taken
+  // from the trainer. Empty for a client.
+  virtual std::vector<v1::Contribution> take_contributions() { return {}; }
 };
 
 struct EdgeClientOptions {
   net::ClientOptions connect;
   std::string node_id;  // must match our certificate's CN
+  // What our Hello claims: CLIENT, or LEAF for a leaf aggregator's link to the tier above (its
+  // certificate must then have role leaf).
+  v1::Role role = v1::ROLE_CLIENT;
   net::BackoffOptions backoff;
   uint64_t seed = 1;  // codec randomness and backoff jitter
   uint32_t chunk_bytes = 1u << 20;

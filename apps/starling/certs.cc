@@ -227,9 +227,11 @@ void register_certs(CLI::App& app, CommandContext& ctx) {
   iss->add_option("--ca", issue_args->ca, "Directory holding ca.crt and ca.key")->required();
   iss->add_option("--name", issue_args->name, "Node identity (the certificate's common name)")
       ->required();
-  iss->add_option("--role", issue_args->role, "server, client or peer")
+  iss->add_option("--role", issue_args->role,
+                  "server, client, peer or leaf (a leaf aggregator: serves its clients and "
+                  "uploads to the tier above)")
       ->required()
-      ->check(CLI::IsMember({"server", "client", "peer"}));
+      ->check(CLI::IsMember({"server", "client", "peer", "leaf"}));
   iss->add_option("--san", issue_args->sans,
                   "Subject alternative names, e.g. DNS:agg.example.org,IP:10.0.0.5");
   iss->add_option("--out", issue_args->out, "Directory for NAME.crt, NAME.key and ca.crt")

@@ -14,6 +14,7 @@
 
 #include "aggregator/access.h"
 #include "aggregator/fed_task.h"
+#include "aggregator/leaf.h"
 #include "aggregator/monitor.h"
 #include "apps/starling/commands.h"
 #include "apps/starling/device_flags.h"
@@ -84,6 +85,45 @@ std::unique_ptr<edge_client::EdgeClient> make_client(
   return client;
 }
 
+// A leaf's link to the tier above ([upstream]), as aggregator/leaf.h takes it.
+aggregator::LeafOptions leaf_options(const v1::FederationConfig& cfg) {
+  const auto& u = cfg.upstream();
+  aggregator::LeafOptions lo;
+  auto& o = lo.upstream;
+  o.connect.host = u.host();
+  o.connect.port = static_cast<uint16_t>(u.port());
+  o.connect.server_name = u.server_name();
+  o.node_id = cfg.server().node_id();
+  o.backoff.initial = milliseconds(u.backoff_initial_ms());
+  o.backoff.max = milliseconds(u.backoff_max_ms());
+  o.seed = cfg.rounds().seed();
+  o.chunk_bytes = u.chunk_kb() << 10;
+  // The residuals of the leaf's own uploads (a lossy codec of the tier above), crash-safe.
+  o.state_path = cfg.server().state_dir() + "/upstream.state.safetensors";
+  lo.deadline_fraction = u.deadline_fraction();
+  return lo;
+}
+
+// A leaf's certificate serves its clients and the tier above: role leaf, or the tier above
+// refuses it after the handshake with a message the operator would have to find in its log.
+Status check_leaf_certificate(const v1::FederationConfig& cfg, const net::TlsConfig& tls) {
+  ASSIGN_OR_RETURN(auto cert, net::cert_from_pem(tls.cert_pem), "[tls] cert " + cfg.tls().cert());
+  const auto id = net::cert_identity(cert.get());
+  if (id.role != "leaf") {
+    return failed_precondition(
+        "[tls] cert " + cfg.tls().cert() + " has role '" + id.role +
+        "': a leaf aggregator ([upstream]) needs a certificate of role leaf (`starling certs "
+        "issue --role leaf --name " +
+        id.common_name + " --san DNS:...`), which its clients and the tier above both accept");
+  }
+  if (id.common_name != cfg.server().node_id()) {
+    return failed_precondition("[tls] cert " + cfg.tls().cert() + " names '" + id.common_name +
+                               "', [server] node_id is '" + cfg.server().node_id() +
+                               "': they must be the same");
+  }
+  return ok_status();
+}
+
 Status run_aggregator(const AggregatorArgs& args) {
   // First: the io_context outlives everything bound to it. The monitor (held by `options` and
   // `monitor` below) closes its acceptor when it goes; declared after `options`, the
@@ -93,6 +133,12 @@ Status run_aggregator(const AggregatorArgs& args) {
   asio::io_context io;
   ASSIGN_OR_RETURN(auto cfg, aggregator::load_federation_config(args.config));
   if (args.num_rounds) cfg.mutable_rounds()->set_num_rounds(args.num_rounds);
+  const bool leaf = cfg.has_upstream();
+  if (leaf && args.simulate) {
+    return invalid_argument(args.config +
+                            ": --simulate runs a whole federation in one process; a leaf "
+                            "([upstream]) serves real clients for the tier above");
+  }
   RETURN_IF_ERROR(apply_device_flags(args.device, &cfg, args.config));
   RETURN_IF_ERROR(fetch_federation_data(cfg));
   // The model kind's task (sim/model_kind.h): the model, its evaluation and checkpoint, and the
@@ -129,9 +175,10 @@ Status run_aggregator(const AggregatorArgs& args) {
                                                       cfg.tls().key(), cfg.tls().crl()));
   }
   ASSIGN_OR_RETURN(auto server_ctx, net::make_tls_context(server_tls, net::TlsSide::kServer));
+  if (leaf) RETURN_IF_ERROR(check_leaf_certificate(cfg, server_tls), args.config);
 
   const auto t0 = std::chrono::steady_clock::now();
-  const uint32_t every = cfg.eval().every_rounds();
+  const uint32_t every = leaf ? 0 : cfg.eval().every_rounds();  // the root evaluates
   const float target = cfg.eval().target_accuracy();
   std::shared_ptr<aggregator::Monitor> monitor;  // [server].metrics_port
   auto hook = [&](const RoundReport& r, std::span<const float> global) {
@@ -221,6 +268,29 @@ Status run_aggregator(const AggregatorArgs& args) {
                                                               [&agg](aggregator::AccessPolicy p) {
                                                                 agg->set_access(std::move(p));
                                                               }));
+  }
+
+  // A leaf: the link to the tier above, on its own thread; it ends the run when the tier above
+  // ends the federation.
+  std::unique_ptr<aggregator::Leaf> uplink;
+  if (leaf) {
+    ASSIGN_OR_RETURN(auto up_ctx, net::make_tls_context(server_tls, net::TlsSide::kClient));
+    ASSIGN_OR_RETURN(uplink, aggregator::Leaf::start(io, *agg, layout, up_ctx, leaf_options(cfg)));
+    spdlog::info("aggregator: leaf of {}:{} (as {})", cfg.upstream().host(), cfg.upstream().port(),
+                 cfg.server().node_id());
+    run_while(io, [&] { return uplink->stopped(); });
+    const Status up = uplink->error();
+    const int rounds = uplink->rounds();
+    agg->end_federation();
+    const auto until = std::chrono::steady_clock::now() + milliseconds(1000);
+    run_while(io, [&] { return std::chrono::steady_clock::now() > until; });
+    uplink.reset();
+    if (!up.ok()) return up.with_context("leaf: the link to the tier above");
+    spdlog::info(
+        "aggregator: leaf done: the tier above ended the federation after {} round(s) "
+        "of this leaf",
+        rounds);
+    return ok_status();
   }
 
   std::vector<std::unique_ptr<edge_client::LocalTrainer>> trainers;

@@ -132,16 +132,19 @@ std::string_view cert_role_name(CertRole role) {
       return "client";
     case CertRole::kPeer:
       return "peer";
+    case CertRole::kLeaf:
+      return "leaf";
   }
   return "peer";
 }
 
 Result<CertRole> parse_cert_role(std::string_view name) {
-  for (CertRole r : {CertRole::kCa, CertRole::kServer, CertRole::kClient, CertRole::kPeer}) {
+  for (CertRole r :
+       {CertRole::kCa, CertRole::kServer, CertRole::kClient, CertRole::kPeer, CertRole::kLeaf}) {
     if (name == cert_role_name(r)) return r;
   }
   return invalid_argument("unknown certificate role '" + std::string(name) +
-                          "' (expected server, client or peer)");
+                          "' (expected server, client, peer or leaf)");
 }
 
 Result<PkeyPtr> generate_ec_key() {

@@ -33,10 +33,12 @@ using X509CrlPtr = std::unique_ptr<X509_CRL, X509CrlFree>;
 std::string drain_openssl_errors();
 
 // What a certificate is for. Written into the subject's OU and the extended key usage:
-// server = serverAuth, client = clientAuth, peer = both.
-enum class CertRole { kCa, kServer, kClient, kPeer };
+// server = serverAuth, client = clientAuth, peer = both, leaf = both (a leaf aggregator of a
+// tier: an aggregator to its own clients, a contributor to the tier above, aggregator/leaf.h).
+enum class CertRole { kCa, kServer, kClient, kPeer, kLeaf };
 std::string_view cert_role_name(CertRole role);
-Result<CertRole> parse_cert_role(std::string_view name);  // "ca", "server", "client", "peer"
+Result<CertRole> parse_cert_role(
+    std::string_view name);  // "ca", "server", "client", "peer", "leaf"
 
 struct CertSpec {
   std::string common_name;  // the node identity (or the federation name for a CA)

@@ -29,11 +29,15 @@ Status check_hello(const v1::Hello& hello, const PeerIdentity& peer) {
     return permission_denied("peer " + peer.describe() + " claims to be '" + hello.node_id() +
                              "' but its certificate names '" + peer.node_id + "'");
   }
-  const v1::Role allowed = peer.role == "server"   ? v1::ROLE_AGGREGATOR
-                           : peer.role == "client" ? v1::ROLE_CLIENT
-                           : peer.role == "peer"   ? v1::ROLE_PEER
-                                                   : v1::ROLE_UNSPECIFIED;
-  if (hello.role() == v1::ROLE_UNSPECIFIED || hello.role() != allowed) {
+  // A leaf aggregator's certificate serves both faces of it: the aggregator its own clients
+  // connect to, and the leaf that uploads to the tier above.
+  const bool allowed = peer.role == "server"   ? hello.role() == v1::ROLE_AGGREGATOR
+                       : peer.role == "client" ? hello.role() == v1::ROLE_CLIENT
+                       : peer.role == "peer"   ? hello.role() == v1::ROLE_PEER
+                       : peer.role == "leaf"
+                           ? hello.role() == v1::ROLE_LEAF || hello.role() == v1::ROLE_AGGREGATOR
+                           : false;
+  if (hello.role() == v1::ROLE_UNSPECIFIED || !allowed) {
     return permission_denied("peer " + peer.describe() + " claims role " +
                              v1::Role_Name(hello.role()) + " but its certificate is for role '" +
                              peer.role + "'");
