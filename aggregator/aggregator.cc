@@ -1097,8 +1097,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
   }
 
   // A client's upload lists no contributions and comes from a client not yet counted this
-  // round; a leaf's lists its clients, each once and not counted yet, with weights in range
-  // that add up to the weight it uploads (its partial mean is folded with that weight).
+  // round; a leaf's lists its clients, each once and (in a synchronous round) not counted yet,
+  // with weights in range that add up to the weight it uploads (its mean is folded with it).
   Status check_contributions(const Session& s, const v1::UpdateUpload& u) const {
     if (!s.leaf) {
       if (u.contributions_size() > 0) {
@@ -1106,7 +1106,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
                                  " lists contributions: only a leaf aggregator's upload may "
                                  "(a certificate of role leaf)");
       }
-      if (contributors.count(s.node_id)) {
+      if (!async() && contributors.count(s.node_id)) {
         return invalid_argument("client " + s.node_id +
                                 " already contributed to this round through a leaf");
       }
@@ -1124,7 +1124,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
                                 "' with weight " + std::to_string(c.num_samples()) +
                                 ", outside [1, 2^24]");
       }
-      if (!seen.insert(c.node_id()).second || contributors.count(c.node_id())) {
+      // FedBuff folds a fast client's successive updates into one buffer: no round to count in.
+      if (!seen.insert(c.node_id()).second || (!async() && contributors.count(c.node_id()))) {
         return invalid_argument("leaf " + s.node_id + " lists client '" + c.node_id() +
                                 "', which already contributed to this round");
       }

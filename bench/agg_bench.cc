@@ -5,7 +5,9 @@
 // the machine's memcpy bandwidth and Flower's numpy `aggregate` (bench/agg_bench.py, run through
 // --python) in the same run. (2) The aggregator's peak RSS with 10 and 1000 clients per round:
 // the server runs in a child process, the clients are lightweight fakes over loopback mutual TLS
-// that stream one stored update (shared by all) after receiving the model.
+// that stream one stored update (shared by all) after receiving the model. (3) The root of a
+// tier (--tier-clients, --tier-leaves): its peak RSS and bytes per round with three leaf
+// aggregators serving 1000 clients in all, beside the same root with three direct clients.
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -29,6 +31,7 @@
 
 #include "aggregator/accumulator.h"
 #include "aggregator/aggregator.h"
+#include "aggregator/leaf.h"
 #include "core/compress/codec.h"
 #include "core/net/certs.h"
 #include "core/net/client.h"
@@ -296,8 +299,11 @@ struct RssOptions {
 
 struct RssResult {
   int clients = 0;
-  long start_kb = 0;  // RSS when listening, before any client
-  long peak_kb = 0;   // VmHWM at the end
+  int leaves = 0;                 // leaf aggregators between the clients and the server
+  double root_bytes_round = 0;    // update bytes the server received per round
+  double root_updates_round = 0;  // updates it folded per round
+  long start_kb = 0;              // RSS when listening, before any client
+  long peak_kb = 0;               // VmHWM at the end
   double seconds = 0;
   int uploads = 0;
   double update_mib = 0;  // one serialized update
@@ -312,7 +318,29 @@ net::TlsConfig tls_config(const net::Credential& cred, const std::string& ca_pem
   return t;
 }
 
-RssResult bench_rss(int clients, const RssOptions& ro) {
+// An aggregator of the RSS runs: every one of `contributors` each round, `connections` at most.
+aggregator::AggregatorOptions server_options(const RssOptions& ro, int contributors,
+                                             int connections) {
+  aggregator::AggregatorOptions o;
+  o.num_rounds = ro.rounds;
+  o.clients_per_round = static_cast<uint32_t>(contributors);
+  o.min_available = o.clients_per_round;
+  o.round_deadline = std::chrono::milliseconds(600'000);
+  o.codec = "identity";
+  o.chunk_bytes = ro.chunk_bytes;
+  o.download_window_bytes = ro.download_window_bytes;
+  o.download_memory_bytes = ro.download_memory_mb << 20;
+  o.upload_concurrency = ro.upload_concurrency;
+  o.upload_memory_bytes = ro.upload_memory_mb << 20;
+  o.spill_dir = ro.spill_dir;
+  o.server.max_connections = static_cast<size_t>(connections) + 64;
+  o.server.connection.deadlines.handshake = std::chrono::milliseconds(60'000);
+  return o;
+}
+
+// `clients` fake clients under the measured aggregator, directly or (leaves > 0) through that
+// many leaf aggregators (aggregator/leaf.h) run in this process.
+RssResult bench_rss(int clients, const RssOptions& ro, int leaves = 0) {
   auto ca = value_or_die(net::make_ca({"agg-bench", net::CertRole::kCa, {}}), "CA");
   const std::string ca_pem = value_or_die(net::cert_to_pem(ca.cert.get()), "CA pem");
   const auto server_tls = tls_config(
@@ -321,6 +349,49 @@ RssResult bench_rss(int clients, const RssOptions& ro) {
               ca, {"aggregator", net::CertRole::kServer, {"DNS:localhost", "IP:127.0.0.1"}}),
           "server cert"),
       ca_pem);
+  int to_parent[2];
+  if (::pipe(to_parent) != 0) die("pipe");
+  const pid_t pid = ::fork();
+  if (pid < 0) die("fork");
+  if (pid == 0) {  // the aggregator
+    ::close(to_parent[0]);
+    asio::io_context io;
+    aggregator::AggregatorOptions o = server_options(ro, leaves ? leaves : clients, clients);
+    auto ctx = value_or_die(net::make_tls_context(server_tls, net::TlsSide::kServer), "tls");
+    long bytes_in = 0;
+    long updates_in = 0;
+    auto agg = value_or_die(aggregator::Aggregator::create(
+                                io, ctx, o, compress::flat_layout(ro.params),
+                                std::vector<float>(static_cast<size_t>(ro.params), 0.0f),
+                                [&](const aggregator::RoundReport& r, std::span<const float>) {
+                                  bytes_in += static_cast<long>(r.update_bytes);
+                                  updates_in += r.updates;
+                                  return true;
+                                }),
+                            "aggregator");
+    const long start_kb = proc_status_kb("VmRSS");
+    const uint16_t port = agg->port();
+    if (::write(to_parent[1], &port, sizeof(port)) != sizeof(port)) ::_exit(2);
+    while (!agg->done()) io.run_one_for(std::chrono::milliseconds(100));
+    const auto until = Clock::now() + std::chrono::seconds(2);  // let clients hear the end
+    while (Clock::now() < until) io.run_one_for(std::chrono::milliseconds(50));
+    long out[4] = {start_kb, proc_status_kb("VmHWM"), bytes_in, updates_in};
+    if (!agg->error().ok()) out[1] = -1;
+    if (::write(to_parent[1], out, sizeof(out)) != sizeof(out)) ::_exit(2);
+    ::_exit(0);
+  }
+  ::close(to_parent[1]);
+  // The clients' and leaves' certificates are made after the fork: the server's memory holds
+  // none of them (as a real server would not).
+  std::vector<net::TlsConfig> leaf_tls;
+  for (int l = 0; l < leaves; ++l) {
+    leaf_tls.push_back(
+        tls_config(value_or_die(net::issue_cert(ca, {"leaf" + std::to_string(l),
+                                                     net::CertRole::kLeaf,
+                                                     {"DNS:localhost", "IP:127.0.0.1"}}),
+                                "leaf cert"),
+                   ca_pem));
+  }
   std::vector<net::TlsConfig> client_tls;
   for (int k = 0; k < clients; ++k) {
     client_tls.push_back(tls_config(
@@ -329,44 +400,6 @@ RssResult bench_rss(int clients, const RssOptions& ro) {
         ca_pem));
   }
 
-  int to_parent[2];
-  if (::pipe(to_parent) != 0) die("pipe");
-  const pid_t pid = ::fork();
-  if (pid < 0) die("fork");
-  if (pid == 0) {  // the aggregator
-    ::close(to_parent[0]);
-    asio::io_context io;
-    aggregator::AggregatorOptions o;
-    o.num_rounds = ro.rounds;
-    o.clients_per_round = static_cast<uint32_t>(clients);
-    o.min_available = static_cast<uint32_t>(clients);
-    o.round_deadline = std::chrono::milliseconds(600'000);
-    o.codec = "identity";
-    o.chunk_bytes = ro.chunk_bytes;
-    o.download_window_bytes = ro.download_window_bytes;
-    o.download_memory_bytes = ro.download_memory_mb << 20;
-    o.upload_concurrency = ro.upload_concurrency;
-    o.upload_memory_bytes = ro.upload_memory_mb << 20;
-    o.spill_dir = ro.spill_dir;
-    o.server.max_connections = static_cast<size_t>(clients) + 64;
-    o.server.connection.deadlines.handshake = std::chrono::milliseconds(60'000);
-    auto ctx = value_or_die(net::make_tls_context(server_tls, net::TlsSide::kServer), "tls");
-    auto agg = value_or_die(
-        aggregator::Aggregator::create(io, ctx, o, compress::flat_layout(ro.params),
-                                       std::vector<float>(static_cast<size_t>(ro.params), 0.0f)),
-        "aggregator");
-    const long start_kb = proc_status_kb("VmRSS");
-    const uint16_t port = agg->port();
-    if (::write(to_parent[1], &port, sizeof(port)) != sizeof(port)) ::_exit(2);
-    while (!agg->done()) io.run_one_for(std::chrono::milliseconds(100));
-    const auto until = Clock::now() + std::chrono::seconds(2);  // let clients hear the end
-    while (Clock::now() < until) io.run_one_for(std::chrono::milliseconds(50));
-    long out[2] = {start_kb, proc_status_kb("VmHWM")};
-    if (!agg->error().ok()) out[1] = -1;
-    if (::write(to_parent[1], out, sizeof(out)) != sizeof(out)) ::_exit(2);
-    ::_exit(0);
-  }
-  ::close(to_parent[1]);
   uint16_t port = 0;
   if (::read(to_parent[0], &port, sizeof(port)) != sizeof(port)) die("server did not start");
 
@@ -381,23 +414,62 @@ RssResult bench_rss(int clients, const RssOptions& ro) {
   std::vector<float>().swap(delta);
 
   asio::io_context io;
+  // The leaves: each an aggregator in leaf mode for its share of the clients, with its link to
+  // the server on a thread of its own.
+  std::vector<std::unique_ptr<aggregator::Aggregator>> leaf_aggs;
+  std::vector<std::unique_ptr<aggregator::Leaf>> leaf_links;
+  for (int l = 0; l < leaves; ++l) {
+    const int mine = clients / leaves + (l < clients % leaves ? 1 : 0);
+    aggregator::AggregatorOptions o = server_options(ro, mine, mine);
+    o.leaf = true;
+    o.node_id = "leaf" + std::to_string(l);
+    const auto& tls = leaf_tls[static_cast<size_t>(l)];
+    leaf_aggs.push_back(
+        value_or_die(aggregator::Aggregator::create(
+                         io, value_or_die(net::make_tls_context(tls, net::TlsSide::kServer), "tls"),
+                         o, compress::flat_layout(ro.params),
+                         std::vector<float>(static_cast<size_t>(ro.params), 0.0f)),
+                     "leaf"));
+    aggregator::LeafOptions lo;
+    lo.upstream.connect.host = "127.0.0.1";
+    lo.upstream.connect.port = port;
+    lo.upstream.connect.server_name = "localhost";
+    lo.upstream.node_id = o.node_id;
+    lo.upstream.chunk_bytes = ro.chunk_bytes;
+    leaf_links.push_back(value_or_die(
+        aggregator::Leaf::start(
+            io, *leaf_aggs.back(), compress::flat_layout(ro.params),
+            value_or_die(net::make_tls_context(tls, net::TlsSide::kClient), "tls"), lo),
+        "leaf link"));
+  }
   std::vector<std::unique_ptr<FakeClient>> fakes;
   const auto t0 = Clock::now();
   for (int k = 0; k < clients; ++k) {
     auto ctx = value_or_die(
         net::make_tls_context(client_tls[static_cast<size_t>(k)], net::TlsSide::kClient), "tls");
-    fakes.push_back(std::make_unique<FakeClient>(io, ctx, port, "c" + std::to_string(k), payload,
+    const uint16_t to = leaves ? leaf_aggs[static_cast<size_t>(k % leaves)]->port() : port;
+    fakes.push_back(std::make_unique<FakeClient>(io, ctx, to, "c" + std::to_string(k), payload,
                                                  ro.chunk_bytes));
   }
+  std::vector<bool> ended(static_cast<size_t>(leaves), false);
   const auto deadline = Clock::now() + std::chrono::seconds(900);
   while (Clock::now() < deadline &&
          !std::all_of(fakes.begin(), fakes.end(), [](const auto& f) { return f->done; })) {
     io.run_one_for(std::chrono::milliseconds(100));
+    for (size_t l = 0; l < leaf_links.size(); ++l) {
+      if (!ended[l] && leaf_links[l]->stopped()) {  // the server ended the federation
+        leaf_aggs[l]->end_federation();
+        ended[l] = true;
+      }
+    }
   }
+  for (int i = 0; i < 20; ++i) io.run_one_for(std::chrono::milliseconds(10));
+  leaf_links.clear();
   RssResult r;
   r.clients = clients;
+  r.leaves = leaves;
   r.seconds = seconds_since(t0);
-  long out[2] = {0, 0};
+  long out[4] = {0, 0, 0, 0};
   const bool got = ::read(to_parent[0], out, sizeof(out)) == sizeof(out);
   int status = 0;
   ::waitpid(pid, &status, 0);
@@ -405,6 +477,8 @@ RssResult bench_rss(int clients, const RssOptions& ro) {
   r.update_mib = static_cast<double>(payload->size()) / 1048576;
   r.start_kb = out[0];
   r.peak_kb = out[1];
+  r.root_bytes_round = static_cast<double>(out[2]) / ro.rounds;
+  r.root_updates_round = static_cast<double>(out[3]) / ro.rounds;
   int finished = 0;
   int reported = 0;
   for (const auto& f : fakes) {
@@ -433,6 +507,9 @@ int main(int argc, char** argv) {
   std::vector<int> rss_clients = {10, 1000};
   bool skip_throughput = false;
   bool skip_rss = false;
+  int tier_clients = 1000;
+  int tier_leaves = 3;
+  bool skip_tiers = false;
   app.add_option("--params", params, "Parameters per update (float32)");
   app.add_option("--updates", updates, "Updates folded per codec");
   app.add_option("--python", python, "Python with numpy for the Flower-style peer (empty: skip)");
@@ -457,6 +534,10 @@ int main(int argc, char** argv) {
   app.add_option("--spill-dir", ro.spill_dir, "Where uploads beyond the budget wait");
   app.add_flag("--skip-throughput", skip_throughput);
   app.add_flag("--skip-rss", skip_rss);
+  app.add_option("--tier-clients", tier_clients, "Clients under the leaves of the tier run");
+  app.add_option("--tier-leaves", tier_leaves,
+                 "Leaf aggregators of the tier run (and direct clients of its baseline)");
+  app.add_flag("--skip-tiers", skip_tiers);
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::err);  // thousands of clients would log every step
 
@@ -473,6 +554,16 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "agg_bench: RSS run with %d clients...\n", n);
       rss.push_back(bench_rss(n, ro));
     }
+  }
+
+  // The root of a tier: `tier_leaves` direct clients, then as many leaves serving tier_clients.
+  std::vector<RssResult> tiers;
+  if (!skip_tiers) {
+    std::fprintf(stderr, "agg_bench: root with %d direct clients...\n", tier_leaves);
+    tiers.push_back(bench_rss(tier_leaves, ro));
+    std::fprintf(stderr, "agg_bench: root with %d leaves serving %d clients...\n", tier_leaves,
+                 tier_clients);
+    tiers.push_back(bench_rss(tier_clients, ro, tier_leaves));
   }
 
   if (!skip_throughput) {
@@ -577,6 +668,28 @@ int main(int argc, char** argv) {
     std::printf(
         "RSS idle: listening, before any client; one round's updates: what holding every update "
         "of a round would take.\n");
+  }
+  if (!tiers.empty()) {
+    std::printf(
+        "\nRoot of a tier, %lld-parameter model (%.1f MiB), %u rounds, loopback mutual "
+        "TLS\n",
+        static_cast<long long>(ro.params), static_cast<double>(ro.params) * 4 / 1048576, ro.rounds);
+    std::printf("%-28s %9s %13s %13s %18s %15s %9s %5s\n", "setup", "clients", "RSS idle MiB",
+                "peak RSS MiB", "root MiB in/round", "updates/round", "seconds", "ok");
+    for (const auto& r : tiers) {
+      const std::string setup = r.leaves ? std::to_string(r.leaves) + " leaves"
+                                         : std::to_string(r.clients) + " direct clients";
+      std::printf("%-28s %9d %13.1f %13.1f %18.2f %15.1f %9.1f %5s\n", setup.c_str(), r.clients,
+                  static_cast<double>(r.start_kb) / 1024, static_cast<double>(r.peak_kb) / 1024,
+                  r.root_bytes_round / 1048576, r.root_updates_round, r.seconds,
+                  r.ok ? "yes" : "NO");
+    }
+    if (tiers.size() == 2 && tiers[0].peak_kb > 0) {
+      std::printf(
+          "root peak RSS with leaves / with direct clients: %.3f (the root serves leaves, "
+          "not devices)\n",
+          static_cast<double>(tiers[1].peak_kb) / static_cast<double>(tiers[0].peak_kb));
+    }
   }
   return 0;
 }

@@ -305,6 +305,71 @@ run_edge_client() {
   grep -q '"round":2' "$out/agg_state/metrics.jsonl" || { echo "no round 2 in metrics" >>"$log"; return 1; }
 }
 
+# configs/fed_mnist_tier_root.toml and fed_mnist_tier_leaf.toml together: the root, one leaf and
+# two clients of that leaf, each its own process over mutual TLS with certificates from
+# `starling certs` (the leaf's of role leaf); two rounds, the root's model moved by the leaf's
+# partial means, the leaf ending when the root does.
+run_tier() {
+  local root_cfg=configs/fed_mnist_tier_root.toml leaf_cfg=configs/fed_mnist_tier_leaf.toml
+  local pki="$out/pki" data="\"$STARLING_DATA_DIR\""
+  mkdir -p "$out"
+  st certs init-ca --out "$pki/ca" --name starling-smoke-tiers
+  st certs issue --ca "$pki/ca" --name aggregator --role server --san DNS:localhost,IP:127.0.0.1 \
+    --out "$pki/aggregator"
+  st certs issue --ca "$pki/ca" --name leaf-0 --role leaf --san DNS:localhost,IP:127.0.0.1 \
+    --out "$pki/leaf-0"
+  for k in 0 1; do st certs issue --ca "$pki/ca" --name "client-$k" --role client --out "$pki/client-$k"; done
+  toml_set "$root_cfg" "$out/root.toml" "tls.ca=\"$pki/ca/ca.crt\"" \
+    "tls.cert=\"$pki/aggregator/aggregator.crt\"" "tls.key=\"$pki/aggregator/aggregator.key\"" \
+    "data.data_dir=$data" "server.port=0" "server.state_dir=\"$out/root_state\"" \
+    "rounds.num_rounds=2" "rounds.clients_per_round=1" "rounds.min_available=1" \
+    "rounds.min_updates=1" "local.local_steps=5" "eval.every_rounds=1" "eval.max_examples=200"
+  echo "+ starling aggregator --config $out/root.toml (background)" >>"$log"
+  timeout "$(left_s)" "$bin" aggregator --config "$out/root.toml" >"$out/root.log" 2>&1 &
+  local root=$! line root_port leaf_port
+  if ! line=$(wait_for_line "$out/root.log" 120 'listening on [^ ]+:[0-9]+'); then
+    cat "$out/root.log" >>"$log"; kill "$root" 2>/dev/null || true; wait "$root" || true
+    echo "root did not start" >>"$log"; return 1
+  fi
+  root_port=$(sed -E 's/.*listening on [^ ]+:([0-9]+).*/\1/' <<<"$line")
+  toml_set "$leaf_cfg" "$out/leaf.toml" "tls.ca=\"$pki/leaf-0/ca.crt\"" \
+    "tls.cert=\"$pki/leaf-0/leaf-0.crt\"" "tls.key=\"$pki/leaf-0/leaf-0.key\"" \
+    "data.data_dir=$data" "server.port=0" "server.state_dir=\"$out/leaf_state\"" \
+    "upstream.port=$root_port" "rounds.clients_per_round=2" "rounds.min_available=2" \
+    "rounds.min_updates=2"
+  echo "+ starling aggregator --config $out/leaf.toml (background)" >>"$log"
+  timeout "$(left_s)" "$bin" aggregator --config "$out/leaf.toml" >"$out/leaf.log" 2>&1 &
+  local leaf=$! rc=0
+  if ! line=$(wait_for_line "$out/leaf.log" 120 'listening on [^ ]+:[0-9]+'); then
+    echo "leaf did not start" >>"$log"; rc=1
+  fi
+  local clients=()
+  if ((rc == 0)); then
+    leaf_port=$(sed -E 's/.*listening on [^ ]+:([0-9]+).*/\1/' <<<"$line")
+    for k in 0 1; do
+      toml_set "$leaf_cfg" "$out/client-$k.toml" "tls.ca=\"$pki/client-$k/ca.crt\"" \
+        "tls.cert=\"$pki/client-$k/client-$k.crt\"" "tls.key=\"$pki/client-$k/client-$k.key\"" \
+        "data.data_dir=$data" "client.server_port=$leaf_port" "client.partition_index=$k" \
+        "client.state_path=\"none\""
+      echo "+ starling client --config $out/client-$k.toml (background)" >>"$log"
+      timeout "$(left_s)" "$bin" client --config "$out/client-$k.toml" >"$out/client-$k.log" 2>&1 &
+      clients+=($!)
+    done
+  fi
+  local name pid prc
+  for pid in "${clients[@]}" "$leaf" "$root"; do
+    if ((rc != 0)); then kill "$pid" 2>/dev/null || true; fi
+    prc=0; wait "$pid" || prc=$?
+    ((prc == 0)) || rc=$prc
+  done
+  for name in root leaf client-0 client-1; do
+    [[ -f "$out/$name.log" ]] && { echo "--- $name log" >>"$log"; cat "$out/$name.log" >>"$log"; }
+  done
+  ((rc == 0)) || return "$rc"
+  grep -q '"round":2' "$out/root_state/metrics.jsonl" || { echo "no round 2 at the root" >>"$log"; return 1; }
+  grep -q 'the mean goes up' "$out/leaf.log" || { echo "the leaf sent nothing up" >>"$log"; return 1; }
+}
+
 # --- the table: every shipped config and how it runs -------------------------------------------
 
 # Sets $kind and runs config $1; unknown configs fail.
@@ -373,6 +438,9 @@ run_config() {
       # 10,000 clients need 10,000 training images; the fixture holds 3,000.
       kind=simulate; run_simulate "$cfg" data.num_clients=1000 ;;
     sim_mnist_100) kind=simulate; run_simulate "$cfg" ;;
+    fed_mnist_tier_root | fed_mnist_tier_leaf)
+      # A root, a leaf and its clients: each file runs in its role (run_tier).
+      kind=aggregator; run_tier ;;
     fed_mnist_secagg)
       # Clients drop after sharing their keys, so the unmasking of dropped clients runs too;
       # then the real aggregator and clients over loopback TLS.

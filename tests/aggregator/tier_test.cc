@@ -296,6 +296,32 @@ TEST_CASE("three tiers, with clients at every level, give the flat federation's 
   for (const auto& r : tree.root_reports) CHECK(r.updates == 3);
 }
 
+TEST_CASE("FedBuff at the root takes each leaf's partial mean as one buffered update",
+          "[net][tiers][fedbuff]") {
+  asio::io_context io;
+  Tree tree;
+  AggregatorOptions o = aggregator_options(2, 3);
+  o.buffer_size = 2;
+  tree.start_root(io, o);
+  for (int l = 0; l < 2; ++l) {
+    Aggregator& leaf = tree.start_leaf(io, "leaf-" + std::to_string(l), tree.root->port(), 2);
+    for (int k = 2 * l; k < 2 * l + 2; ++k) tree.start_client(io, k, leaf.port());
+  }
+  REQUIRE(tree.run(io));
+  REQUIRE(tree.root->error().ok());
+  CHECK(tree.root->rounds_completed() == 3);
+  REQUIRE(tree.root_reports.size() == 3);
+  for (const auto& r : tree.root_reports) CHECK(r.updates == 2);
+  // The model moved, and stayed finite.
+  const auto init = initial_model();
+  bool moved = false;
+  for (size_t i = 0; i < init.size(); ++i) {
+    CHECK(std::isfinite(tree.root->global()[i]));
+    moved = moved || tree.root->global()[i] != init[i];
+  }
+  CHECK(moved);
+}
+
 // A leaf that lies: its upload's weight and contributions as `report` says, whatever it folded.
 class LyingLeafTrainer : public LocalTrainer {
  public:
