@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,18 @@ void col2im_add(const ConvGeom& g, const T* col, int64_t n0, int64_t n, T* gx) {
   }
 }
 
+// A scratch buffer of at least `n` elements, kept per thread and slot across calls: the GEMM
+// operands of one chunk are written whole before they are read, so reusing them saves the
+// allocation, zero fill and page faults of every call (a training step convolves each layer
+// twice or three times). Holds the largest chunk seen on this thread, kColBudget-bounded.
+template <typename T>
+T* scratch(size_t slot, int64_t n) {
+  thread_local std::array<std::vector<T>, 2> buffers;
+  std::vector<T>& b = buffers[slot];
+  if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
+  return b.data();
+}
+
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride,
@@ -141,22 +154,21 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
   Tensor out = Tensor::uninitialized({g.b, g.co, g.ho, g.wo}, x.dtype());
   dispatch_float(x.dtype(), op, [&]<typename T>() {
     const int64_t chunk = g.chunk(), hwo = g.hw_out();
-    std::vector<T> col(static_cast<size_t>(g.krows() * chunk * hwo));
-    std::vector<T> tmp(static_cast<size_t>(g.co * chunk * hwo));
+    T* col = scratch<T>(0, g.krows() * chunk * hwo);
+    T* tmp = scratch<T>(1, g.co * chunk * hwo);
     const T* px = xc.data<T>();
     const T* pw = wc.data<T>();
     const T* pb = has_bias ? bc.data<T>() : nullptr;
     T* po = out.data<T>();
     for (int64_t n0 = 0; n0 < g.b; n0 += chunk) {
       const int64_t n = std::min(chunk, g.b - n0), cols = n * hwo;
-      im2col<T>(g, px, n0, n, col.data());
+      im2col<T>(g, px, n0, n, col);
       // tmp (co, n hwo) = W (co, krows) x col (krows, n hwo)
-      gemm<T>(false, false, g.co, cols, g.krows(), T(1), pw, g.krows(), col.data(), cols, T(0),
-              tmp.data(), cols);
+      gemm<T>(false, false, g.co, cols, g.krows(), T(1), pw, g.krows(), col, cols, T(0), tmp, cols);
 #pragma omp parallel for collapse(2) if (g.co * cols > (1 << 15))
       for (int64_t img = 0; img < n; ++img) {
         for (int64_t o = 0; o < g.co; ++o) {
-          const T* src = tmp.data() + o * cols + img * hwo;
+          const T* src = tmp + o * cols + img * hwo;
           T* dst = po + ((n0 + img) * g.co + o) * hwo;
           const T bv = pb ? pb[o] : T(0);
           for (int64_t p = 0; p < hwo; ++p) dst[p] = src[p] + bv;
@@ -175,8 +187,8 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
                             Tensor gb = has_bias ? Tensor::zeros({g.co}, dw.dtype()) : Tensor();
                             dispatch_float(dw.dtype(), "conv2d", [&]<typename T>() {
                               const int64_t chunk = g.chunk(), hwo = g.hw_out();
-                              std::vector<T> col(static_cast<size_t>(g.krows() * chunk * hwo));
-                              std::vector<T> gout(static_cast<size_t>(g.co * chunk * hwo));
+                              T* col = scratch<T>(0, g.krows() * chunk * hwo);
+                              T* gout = scratch<T>(1, g.co * chunk * hwo);
                               const T* pg = gc.data<T>();
                               const T* pw = dw.data<T>();
                               T* pgw = gw.data<T>();
@@ -187,30 +199,30 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
                                 for (int64_t img = 0; img < n; ++img) {
                                   for (int64_t o = 0; o < g.co; ++o) {
                                     const T* src = pg + ((n0 + img) * g.co + o) * hwo;
-                                    std::copy(src, src + hwo, gout.data() + o * cols + img * hwo);
+                                    std::copy(src, src + hwo, gout + o * cols + img * hwo);
                                   }
                                 }
                                 if (has_bias) {
                                   T* pgb = gb.data<T>();
                                   for (int64_t o = 0; o < g.co; ++o) {
                                     T s = 0;
-                                    const T* row = gout.data() + o * cols;
+                                    const T* row = gout + o * cols;
                                     for (int64_t p = 0; p < cols; ++p) s += row[p];
                                     pgb[o] += s;
                                   }
                                 }
                                 if (need_w) {
-                                  im2col<T>(g, dx.data<T>(), n0, n, col.data());
+                                  im2col<T>(g, dx.data<T>(), n0, n, col);
                                   // gW (co, krows) += gout (co, cols) x col^T (cols, krows)
-                                  gemm<T>(false, true, g.co, g.krows(), cols, T(1), gout.data(),
-                                          cols, col.data(), cols, T(1), pgw, g.krows());
+                                  gemm<T>(false, true, g.co, g.krows(), cols, T(1), gout, cols, col,
+                                          cols, T(1), pgw, g.krows());
                                 }
                                 if (need_x) {
                                   // gcol (krows, cols) = W^T (krows, co) x gout (co, cols), reusing
                                   // `col`.
                                   gemm<T>(true, false, g.krows(), cols, g.co, T(1), pw, g.krows(),
-                                          gout.data(), cols, T(0), col.data(), cols);
-                                  col2im_add<T>(g, col.data(), n0, n, gx.data<T>());
+                                          gout, cols, T(0), col, cols);
+                                  col2im_add<T>(g, col, n0, n, gx.data<T>());
                                 }
                               }
                             });
