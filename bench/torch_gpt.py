@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import json
 import math
+import resource
 import statistics
 import time
 
@@ -143,6 +144,8 @@ def main():
            "params": sum(p.numel() for p in model.parameters()), "loss": loss_v}
     if cuda:
         out["peak_mem_bytes"] = torch.cuda.max_memory_allocated()
+    else:  # peak RSS of the process, as bench/train_throughput.cc reports its own (VmHWM)
+        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(out))
 
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -117,10 +118,18 @@ int main(int argc, char** argv) {
   std::sort(times.begin(), times.end());
   const double med = times[times.size() / 2];
   const double tps = static_cast<double>(batch * c.block_size) / med;
+  // Peak resident set (VmHWM, kB) of the process: the column beside PyTorch's.
+  double peak_mb = 0;
+  {
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("VmHWM:", 0) == 0) peak_mb = std::stod(line.substr(6)) / 1024.0;
+    }
+  }
   std::printf(
       "{\"engine\":\"starling %s\",\"model\":\"%s\",\"threads\":%d,\"ms_per_step\":%.3f,"
-      "\"tokens_per_s\":%.1f,\"params\":%lld,\"loss\":%.4f}\n",
+      "\"tokens_per_s\":%.1f,\"params\":%lld,\"peak_rss_mb\":%.1f,\"loss\":%.4f}\n",
       engine.c_str(), model_kind.c_str(), omp_get_max_threads(), med * 1e3, tps,
-      static_cast<long long>(trained.num_parameters()), loss_v);
+      static_cast<long long>(trained.num_parameters()), peak_mb, loss_v);
   return 0;
 }
