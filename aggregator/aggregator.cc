@@ -1277,17 +1277,22 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     post_start();
   }
 
-  void close_round() {
-    if (!async()) {
-      round_active = false;
-      deadline_timer.cancel();
-      upload_queue.clear();  // nobody waiting is granted a turn for a closed round
-      for (auto& [sid, s] : sessions) {
-        s.selected = false;
-        reset_upload(s);
-        s.conn->set_idle_deadline(options.server.connection.deadlines.idle);
-      }
+  // Ends the synchronous round in progress for every session: nobody is selected, nobody
+  // waiting is granted an upload turn, uploads under way stop, connections get their usual idle
+  // deadline back.
+  void end_round_sessions() {
+    round_active = false;
+    deadline_timer.cancel();
+    upload_queue.clear();
+    for (auto& [sid, s] : sessions) {
+      s.selected = false;
+      reset_upload(s);
+      s.conn->set_idle_deadline(options.server.connection.deadlines.idle);
     }
+  }
+
+  void close_round() {
+    if (!async()) end_round_sessions();
     RoundReport report;
     report.round = round + 1;
     report.selected = selected;
@@ -1474,16 +1479,7 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
 
   // Ends the leaf's round in progress (if any) without a result and tells its caller why.
   void fail_leaf_round(const Status& why) {
-    if (round_active) {
-      round_active = false;
-      deadline_timer.cancel();
-      upload_queue.clear();
-      for (auto& [sid, s] : sessions) {
-        s.selected = false;
-        reset_upload(s);
-        s.conn->set_idle_deadline(options.server.connection.deadlines.idle);
-      }
-    }
+    if (round_active) end_round_sessions();
     leaf_timer.cancel();
     leaf_plan.reset();
     LeafDone cb = std::move(leaf_done);

@@ -37,8 +37,8 @@ std::string drain_openssl_errors();
 // tier: an aggregator to its own clients, a contributor to the tier above, aggregator/leaf.h).
 enum class CertRole { kCa, kServer, kClient, kPeer, kLeaf };
 std::string_view cert_role_name(CertRole role);
-Result<CertRole> parse_cert_role(
-    std::string_view name);  // "ca", "server", "client", "peer", "leaf"
+// "ca", "server", "client", "peer" or "leaf".
+Result<CertRole> parse_cert_role(std::string_view name);
 
 struct CertSpec {
   std::string common_name;  // the node identity (or the federation name for a CA)
