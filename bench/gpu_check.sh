@@ -8,7 +8,13 @@
 # bench/make_carry.sh where the machine lacks standalone Asio, toml++ or Catch2 v2. Env:
 # CUDA_ARCH (default 90), JOBS (default nproc), BUILD_DIR (default build/cuda), TORCH_PYTHON
 # (default python3), GPT_BENCH_SHAPES (default char), GPT_BENCH_WARMUP / GPT_BENCH_STEPS
-# (default 2 / 5).
+# (default 2 / 5), GPU_CHECK_BUDGET (seconds from the start for the whole check, default 0: none).
+#
+# Steps run most important first (build, parity, the federated round, throughput, the user's
+# path, micro-benchmarks, CPU-only tests last), each under its own time limit. With a budget, a
+# step's limit is cut to the time left and a step that would start past it is skipped and
+# reported as such, so the script always gets to write RESULTS.md before a lease ends. With $OUT
+# set, RESULTS.md and one archive of the logs are copied there after every step.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -19,8 +25,8 @@ args=(-DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DSTARLING_BUILD_BENCH=ON)
 if [ -d carry ]; then
   args+=(-DCatch2_DIR="$root/carry/lib/cmake/Catch2"
          -Dtomlplusplus_DIR="$root/carry/lib/cmake/tomlplusplus"
-         -DCMAKE_PREFIX_PATH="$root/carry"
-         "-DCMAKE_CXX_FLAGS=-isystem $root/carry/include")
+         -DCMAKE_PREFIX_PATH="$root/carry")
+  cxx_flags="-isystem $root/carry/include"
 fi
 if [ -d carry/lib/pkgconfig ]; then
   export PKG_CONFIG_PATH="$root/carry/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
@@ -32,6 +38,19 @@ if [ ! -f /usr/include/curl/curl.h ] && [ ! -f /usr/include/x86_64-linux-gnu/cur
             2>/dev/null | head -1)
   [ -n "$libcurl" ] && args+=(-DCURL_INCLUDE_DIR="$root/carry/include" -DCURL_LIBRARY="$libcurl")
 fi
+# No protoc or no protobuf headers: the carried protobuf 3.21 (bench/make_carry.sh).
+if { ! command -v protoc >/dev/null || [ ! -f /usr/include/google/protobuf/message.h ]; } &&
+   [ -x carry/protobuf/bin/protoc ]; then
+  echo "gpu_check: protobuf from carry/protobuf"
+  args+=(-DProtobuf_PROTOC_EXECUTABLE="$root/carry/protobuf/bin/protoc"
+         -DProtobuf_INCLUDE_DIR="$root/carry/protobuf/include"
+         -DProtobuf_LIBRARY="$root/carry/protobuf/lib/libprotobuf.so")
+  export LD_LIBRARY_PATH="$root/carry/protobuf/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  cxx_flags="${cxx_flags:-} -isystem $root/carry/protobuf/include"
+fi
+[ -n "${cxx_flags:-}" ] && args+=("-DCMAKE_CXX_FLAGS=$cxx_flags")
+# CMake 4 refuses policy versions below 3.5 in old package configs unless told otherwise.
+export CMAKE_POLICY_VERSION_MINIMUM=3.5
 # Development files the configure step needs beyond carry/ (cmake/StarlingDeps.cmake): say at
 # once which are missing instead of failing inside CMake.
 missing=()
@@ -39,7 +58,7 @@ for h in pcre2.h curl/curl.h zlib.h cblas.h spdlog/spdlog.h CLI/CLI.hpp nlohmann
          google/protobuf/message.h openssl/ssl.h; do
   found=no
   for d in /usr/include /usr/include/x86_64-linux-gnu /usr/include/x86_64-linux-gnu/openblas-openmp \
-           /usr/include/openblas "$root/carry/include"; do
+           /usr/include/openblas "$root/carry/include" "$root/carry/protobuf/include"; do
     [ -f "$d/$h" ] && found=yes && break
   done
   [ $found = yes ] || missing+=("$h")
@@ -63,30 +82,69 @@ if [ ! -f "$cuda_home/include/nccl.h" ] && [ ! -f /usr/include/nccl.h ]; then
   fi
 fi
 
+rm -rf "$logs"
 mkdir -p "$logs"
 export STARLING_REQUIRE_GPU=1  # [cuda] tests fail, not skip, when no GPU is visible
 status=ok
-step() {  # step NAME CMD...: runs CMD with output in $logs/NAME.log, remembers a failure
-  local name=$1; shift
-  echo "== $name: $*"
-  if "$@" >"$logs/$name.log" 2>&1; then echo "   ok"; else echo "   FAILED (see $logs/$name.log)"; tail -40 "$logs/$name.log"; status=failed; fi
+t0=$SECONDS
+budget=${GPU_CHECK_BUDGET:-0}
+summary=()
+save_out() {  # copies what we have to $OUT: at most 8 files come back, so the logs go as one
+  [ -n "${OUT:-}" ] || return 0
+  tar -C "$(dirname "$logs")" -czf "$OUT/gpu_check-logs.tar.gz" "$(basename "$logs")" 2>/dev/null
+  [ -f "$logs/summary.txt" ] && cp "$logs/summary.txt" "$OUT/"
+  return 0
+}
+step() {  # step NAME LIMIT_S CMD...: CMD under `timeout`, output in $logs/NAME.log
+  local name=$1 limit=$2; shift 2
+  if [ "$budget" -gt 0 ]; then
+    local left=$((budget - (SECONDS - t0)))
+    if [ "$left" -lt 15 ]; then
+      echo "== $name: skipped (budget of ${budget} s spent)"; summary+=("$name: skipped")
+      printf '%s\n' "${summary[@]}" > "$logs/summary.txt"
+      status=failed; return
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
+  echo "== $name (limit ${limit} s, at $((SECONDS - t0)) s): $*"
+  local t=$SECONDS
+  if timeout -k 5 "$limit" "$@" >"$logs/$name.log" 2>&1; then
+    echo "   ok in $((SECONDS - t)) s"; summary+=("$name: ok in $((SECONDS - t)) s")
+  else
+    local rc=$?
+    echo "   FAILED rc=$rc in $((SECONDS - t)) s (see $logs/$name.log)"; tail -30 "$logs/$name.log"
+    summary+=("$name: FAILED rc=$rc in $((SECONDS - t)) s"); status=failed
+  fi
+  printf '%s\n' "${summary[@]}" > "$logs/summary.txt"
+  save_out
 }
 
 { nvidia-smi; command -v nvcc && nvcc --version; cmake --version; command -v ninja; echo "args: ${args[*]}"; } \
   >"$logs/environment.log" 2>&1
-step configure cmake --preset cuda -B "$build" "${args[@]}"
-step build cmake --build "$build" -j "${JOBS:-$(nproc)}" \
+step configure 120 cmake --preset cuda -B "$build" "${args[@]}"
+step build 360 cmake --build "$build" -j "${JOBS:-$(nproc)}" \
   --target starling_cuda_tests starling_comm_tests cuda_bench cuda_codec_bench gpt_train_bench \
   starling
-step ctest_cuda ctest --test-dir "$build" -L cuda --no-tests=error --output-on-failure --timeout 300
-step comm_tests "$build/tests/starling_comm_tests"
-step cuda_bench "$build/bench/cuda_bench"
-step cuda_codec_bench "$build/bench/cuda_codec_bench"  # GPU codecs beside the CPU ones
+# Parity first: every CUDA op against its CPU reference, the fused GPT and MDLM 10-step runs,
+# codecs, the allocator, NCCL with one rank. Independent processes, so several at once.
+step ctest_cuda 200 ctest --test-dir "$build" -L cuda --no-tests=error --output-on-failure \
+  --timeout 150 -j "${CTEST_JOBS:-6}"
+
+# A federated round on the GPU: an aggregator and two `starling client --device DEV` processes
+# over mutual TLS (bench/fed_device_round.sh: tiny GPT, 2 rounds, local AdamW) with DEV cpu
+# (autograd) and cuda (the fused engine on cuda:0); the global models must agree within 1e-4,
+# and each client prints the share of its round time spent outside training.
+step fed_round_cpu 120 bash bench/fed_device_round.sh "$build" cpu "$build/fed_round_cpu"
+step fed_round_cuda 120 bash bench/fed_device_round.sh "$build" cuda "$build/fed_round_cuda"
+step fed_round_parity 30 python3 bench/compare_safetensors.py --tol 1e-4 \
+  "$build/fed_round_cpu/state/global_model.safetensors" \
+  "$build/fed_round_cuda/state/global_model.safetensors"
+
 # Fused GPT training steps (bf16 linear layers; GPT_BENCH_PRECISION=fp32 for fp32) beside PyTorch
-# eager and torch.compile (under bf16 autocast) (TORCH_PYTHON: a python
-# with torch; without one the PyTorch rows say why). The char GPT with few steps by default (about
-# a minute, most of it torch.compile); GPT_BENCH_SHAPES=char,gpt2 adds GPT-2 124M (a few more).
-step gpt_train_bench timeout 420 "$build/bench/gpt_train_bench" --python "${TORCH_PYTHON:-python3}" \
+# eager and torch.compile (under bf16 autocast) (TORCH_PYTHON: a python with torch; without one
+# the PyTorch rows say why). The char GPT with few steps by default (about a minute, most of it
+# torch.compile); GPT_BENCH_SHAPES=char,gpt2 adds GPT-2 124M (a few more).
+step gpt_train_bench 420 "$build/bench/gpt_train_bench" --python "${TORCH_PYTHON:-python3}" \
   --shapes "${GPT_BENCH_SHAPES:-char}" --precision "${GPT_BENCH_PRECISION:-bf16}" \
   --warmup "${GPT_BENCH_WARMUP:-2}" \
   --steps "${GPT_BENCH_STEPS:-5}"
@@ -100,10 +158,10 @@ if [ ! -f "$shakespeare" ]; then
   cat README.md docs/*.md > "$build/corpus.txt"
   data_args=(--set "data.path=$build/corpus.txt")
 fi
-step train_cuda "$build/apps/starling" train -c configs/gpt_char_cpu.toml --device cuda \
+step train_cuda 120 "$build/apps/starling" train -c configs/gpt_char_cpu.toml --device cuda \
   --set train.max_iters=200 --set train.eval_interval=100 --set "train.out_dir=$build/train_cuda" \
   "${data_args[@]}"
-step sample_cuda_ckpt "$build/apps/starling" sample "$build/train_cuda/ckpt.safetensors" -n 100
+step sample_cuda_ckpt 60 "$build/apps/starling" sample "$build/train_cuda/ckpt.safetensors" -n 100
 
 # The MDLM on the GPU (issue 8): `starling train --device cuda` on the char shape of
 # ../shared/bench/REFERENCE.md (V=65, T=256, L=6, H=6, C=384, B=64, bidirectional, bf16 linear
@@ -111,25 +169,20 @@ step sample_cuda_ckpt "$build/apps/starling" sample "$build/train_cuda/ckpt.safe
 # eager, bf16 autocast) on the same shape; the checkpoint evaluated and sampled back on the CPU.
 mdlm_shape=(--set model.block_size=256 --set model.n_layer=6 --set model.n_head=6
   --set model.n_embd=384 --set train.batch_size=64)
-step mdlm_train_cuda "$build/apps/starling" train -c configs/mdlm_char_cpu.toml --device cuda \
+step mdlm_train_cuda 120 "$build/apps/starling" train -c configs/mdlm_char_cpu.toml --device cuda \
   "${mdlm_shape[@]}" --set train.precision=bf16 --set train.max_iters=100 \
   --set train.warmup_iters=10 --set train.lr_decay_iters=100 --set train.eval_interval=1000 \
   --set train.eval_iters=2 --set train.log_interval=20 --set "train.out_dir=$build/mdlm_cuda" \
   "${data_args[@]}"
-step mdlm_torch_cuda "${TORCH_PYTHON:-python3}" bench/torch_gpt.py --mdlm --device cuda --bf16 \
+step mdlm_torch_cuda 120 "${TORCH_PYTHON:-python3}" bench/torch_gpt.py --mdlm --device cuda --bf16 \
   --vocab 65 --block 256 --layers 6 --heads 6 --embd 384 --batch 64 --warmup 5 --steps 50
-step mdlm_eval_ckpt "$build/apps/starling" eval "$build/mdlm_cuda/ckpt.safetensors"
-step mdlm_sample_ckpt "$build/apps/starling" sample "$build/mdlm_cuda/ckpt.safetensors" --steps 32
+step mdlm_eval_ckpt 60 "$build/apps/starling" eval "$build/mdlm_cuda/ckpt.safetensors"
+step mdlm_sample_ckpt 60 "$build/apps/starling" sample "$build/mdlm_cuda/ckpt.safetensors" --steps 32
 
-# A federated round on the GPU: an aggregator and two `starling client --device DEV` processes
-# over mutual TLS (bench/fed_device_round.sh: tiny GPT, 2 rounds, local AdamW) with DEV cpu
-# (autograd) and cuda (the fused engine on cuda:0); the global models must agree within 1e-4,
-# and each client prints the share of its round time spent outside training.
-step fed_round_cpu timeout 300 bash bench/fed_device_round.sh "$build" cpu "$build/fed_round_cpu"
-step fed_round_cuda timeout 300 bash bench/fed_device_round.sh "$build" cuda "$build/fed_round_cuda"
-step fed_round_parity python3 bench/compare_safetensors.py --tol 1e-4 \
-  "$build/fed_round_cpu/state/global_model.safetensors" \
-  "$build/fed_round_cuda/state/global_model.safetensors"
+step cuda_bench 120 "$build/bench/cuda_bench"
+step cuda_codec_bench 120 "$build/bench/cuda_codec_bench"  # GPU codecs beside the CPU ones
+# CPU-only (CI runs them too): last, so that GPU minutes go to the GPU first.
+step comm_tests 120 "$build/tests/starling_comm_tests"
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -154,6 +207,9 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
   echo
   echo "MDLM, char shape (T=256 L=6 H=6 C=384 B=64), bf16: starling train --device cuda: $(grep -E '^trained' "$logs/mdlm_train_cuda.log" 2>/dev/null || echo 'did not finish'); PyTorch: $(tail -1 "$logs/mdlm_torch_cuda.log" 2>/dev/null || echo 'did not run'); eval: $(grep -E '^val:' "$logs/mdlm_eval_ckpt.log" 2>/dev/null || echo 'did not run')"
 } >> bench/RESULTS.md
-if [ -n "${OUT:-}" ]; then cp -r bench/RESULTS.md "$logs" "$OUT/"; fi
-echo "gpu_check: $status"
+{ echo; echo "steps:"; printf '  %s\n' "${summary[@]}"; } >> bench/RESULTS.md
+save_out
+if [ -n "${OUT:-}" ]; then cp bench/RESULTS.md "$OUT/"; fi
+echo "gpu_check: $status after $((SECONDS - t0)) s"
+printf '  %s\n' "${summary[@]}"
 [ "$status" = ok ]

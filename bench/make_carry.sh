@@ -54,6 +54,23 @@ if(PACKAGE_FIND_VERSION STREQUAL PACKAGE_VERSION)
   set(PACKAGE_VERSION_EXACT TRUE)
 endif()
 CFG
+# Protobuf 3.21 (protoc, libprotoc, libprotobuf, headers) under carry/protobuf, used by
+# gpu_check.sh only where the GPU machine has no protoc or no protobuf headers: Debian's 3.21.12
+# matches Ubuntu 24.04's, and the libraries need only libstdc++ and zlib. protoc is a wrapper that
+# finds its libraries beside it.
+pb="$out/protobuf"
+mkdir -p "$pb/bin" "$pb/lib" "$pb/include/google"
+cp -r /usr/include/google/protobuf "$pb/include/google/"
+cp /usr/lib/x86_64-linux-gnu/libprotobuf.so.32 "$pb/lib/libprotobuf.so.32"
+cp /usr/lib/x86_64-linux-gnu/libprotoc.so.32 "$pb/lib/libprotoc.so.32"
+ln -sf libprotobuf.so.32 "$pb/lib/libprotobuf.so"
+cp "$(command -v protoc)" "$pb/bin/protoc.bin"
+cat > "$pb/bin/protoc" <<'SH'
+#!/bin/sh
+here=$(cd "$(dirname "$0")" && pwd)
+LD_LIBRARY_PATH="$here/../lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/protoc.bin" "$@"
+SH
+chmod +x "$pb/bin/protoc"
 du -sh "$out"
 echo "carry/ ready; bench/gpu_check.sh passes these to CMake:"
 echo "  -DCatch2_DIR=$out/lib/cmake/Catch2 -Dtomlplusplus_DIR=$out/lib/cmake/tomlplusplus"

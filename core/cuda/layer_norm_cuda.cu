@@ -1,6 +1,7 @@
 // Layer norm forward and backward: one block per row with block reductions; the weight and bias
 // gradients are column sums in row order (deterministic).
 #include "core/cuda/check.h"
+#include "core/cuda/internal/column_sums.cuh"
 #include "core/cuda/internal/reduce.cuh"
 #include "core/cuda/kernels.h"
 
@@ -51,19 +52,26 @@ __global__ void layer_norm_dx_kernel(float* dx, const float* dy, const float* x,
   }
 }
 
-// Block (32, kRowLanes): 32 columns, rows strided over threadIdx.y, then the kRowLanes partial
-// sums of each column added in y order (fixed order, so deterministic).
+// Block (32, kRowLanes): 32 columns; grid.y splits the rows into gridDim.y slices so that a
+// narrow C still fills the chip (C = 384 is 12 column blocks). Rows of a slice are strided over
+// threadIdx.y, the kRowLanes partial sums of each column added in y order, and each slice writes
+// its own partial row: part_w[slice][j]. column_partials_sum then adds the slices in order, so
+// the result is deterministic.
 constexpr int kRowLanes = 16;
-__global__ void layer_norm_dparams_kernel(float* dw, float* db, const float* dy, const float* x,
-                                          const float* mean, const float* rstd, int n, int c) {
+__global__ void layer_norm_dparams_kernel(float* part_w, float* part_b, const float* dy,
+                                          const float* x, const float* mean, const float* rstd,
+                                          int n, int c, int rows_per_slice) {
   __shared__ float sw_part[kRowLanes][33], sb_part[kRowLanes][33];
   const int j = blockIdx.x * 32 + threadIdx.x;
+  const int begin = blockIdx.y * rows_per_slice;
+  const int end = min(n, begin + rows_per_slice);
   float sw = 0.0f, sb = 0.0f;
   if (j < c) {
-    for (int i = threadIdx.y; i < n; i += kRowLanes) {
+    for (int i = begin + threadIdx.y; i < end; i += kRowLanes) {
       const size_t at = static_cast<size_t>(i) * c + j;
-      sw += dy[at] * (x[at] - mean[i]) * rstd[i];
-      sb += dy[at];
+      const float g = dy[at];
+      sw += g * (x[at] - mean[i]) * rstd[i];
+      sb += g;
     }
   }
   sw_part[threadIdx.y][threadIdx.x] = sw;
@@ -75,8 +83,8 @@ __global__ void layer_norm_dparams_kernel(float* dw, float* db, const float* dy,
       tw += sw_part[y][threadIdx.x];
       tb += sb_part[y][threadIdx.x];
     }
-    dw[j] = tw;
-    if (db != nullptr) db[j] = tb;
+    part_w[static_cast<size_t>(blockIdx.y) * c + j] = tw;
+    part_b[static_cast<size_t>(blockIdx.y) * c + j] = tb;
   }
 }
 
@@ -96,10 +104,19 @@ void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* d
     layer_norm_dx_kernel<<<n, kThreads, 0, stream>>>(dx, dy, x, weight, mean, rstd, c);
     STARLING_CUDA_CHECK_LAUNCH();
   }
-  if (c == 0) return;
-  layer_norm_dparams_kernel<<<internal::ceil_div(c, 32), dim3(32, kRowLanes), 0, stream>>>(
-      dweight, dbias, dy, x, mean, rstd, n, c);
+  if (c == 0 || n == 0) return;
+  const internal::RowSlices sl = internal::row_slices(n, c);
+  // [slices][c] weight partials, then [slices][c] bias partials.
+  const size_t part_elems = static_cast<size_t>(sl.slices) * c;
+  float* part = internal::partials_alloc(2 * part_elems, stream);
+  layer_norm_dparams_kernel<<<dim3(internal::ceil_div(c, 32), sl.slices), dim3(32, kRowLanes), 0,
+                              stream>>>(part, part + part_elems, dy, x, mean, rstd, n, c,
+                                        sl.rows_per_slice);
   STARLING_CUDA_CHECK_LAUNCH();
+  internal::column_partials_sum(dweight, part, sl.slices, c, stream);
+  if (dbias != nullptr)
+    internal::column_partials_sum(dbias, part + part_elems, sl.slices, c, stream);
+  STARLING_CUDA_CHECK(cudaFreeAsync(part, stream));
 }
 
 }  // namespace starling::cuda

@@ -1,29 +1,46 @@
 // Matmul and linear through cuBLAS. cuBLAS is column-major: a row-major C = op(A) op(B) is the
 // column-major C^T = op(B)^T op(A)^T, so every call swaps the operands and m with n.
+#include <mutex>
+
 #include "core/cuda/check.h"
+#include "core/cuda/internal/column_sums.cuh"
 #include "core/cuda/internal/reduce.cuh"
 #include "core/cuda/kernels.h"
 
 namespace starling::cuda {
 namespace {
 
-// out[j] = sum over rows i of in[i, j]. Block (32, kRowLanes): rows strided over threadIdx.y,
-// partial sums added in y order (deterministic).
+// Partial column sums of one slice of rows: part[slice][j] = sum over the slice's rows i of
+// in[i, j]. Block (32, kRowLanes): rows strided over threadIdx.y, partial sums added in y order
+// (deterministic); grid (column blocks, slices) as internal::row_slices chooses.
 constexpr int kRowLanes = 16;
-__global__ void column_sums_kernel(float* out, const float* in, int rows, int cols) {
-  __shared__ float part[kRowLanes][33];
+__global__ void column_sums_kernel(float* part, const float* in, int rows, int cols,
+                                   int rows_per_slice) {
+  __shared__ float lanes[kRowLanes][33];
   const int j = blockIdx.x * 32 + threadIdx.x;
+  const int begin = blockIdx.y * rows_per_slice;
+  const int end = min(rows, begin + rows_per_slice);
   float s = 0.0f;
   if (j < cols) {
-    for (int i = threadIdx.y; i < rows; i += kRowLanes) s += in[static_cast<size_t>(i) * cols + j];
+    for (int i = begin + threadIdx.y; i < end; i += kRowLanes) {
+      s += in[static_cast<size_t>(i) * cols + j];
+    }
   }
-  part[threadIdx.y][threadIdx.x] = s;
+  lanes[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && j < cols) {
     float t = 0.0f;
-    for (int y = 0; y < kRowLanes; ++y) t += part[y][threadIdx.x];
-    out[j] = t;
+    for (int y = 0; y < kRowLanes; ++y) t += lanes[y][threadIdx.x];
+    part[static_cast<size_t>(blockIdx.y) * cols + j] = t;
   }
+}
+
+__global__ void column_partials_sum_kernel(float* out, const float* part, int slices, int cols) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  float t = 0.0f;
+  for (int s = 0; s < slices; ++s) t += part[static_cast<size_t>(s) * cols + j];
+  out[j] = t;
 }
 
 __global__ void to_bf16_kernel(__nv_bfloat16* out, const float* in, size_t n) {
@@ -86,9 +103,17 @@ void add_bias(float* y, const float* bias, int n, int out, cudaStream_t stream) 
 
 void column_sums(float* out, const float* in, int rows, int cols, cudaStream_t stream) {
   if (out == nullptr || cols <= 0) return;
-  column_sums_kernel<<<internal::ceil_div(cols, 32), dim3(32, kRowLanes), 0, stream>>>(out, in,
-                                                                                       rows, cols);
+  if (rows <= 0) {
+    STARLING_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(cols) * sizeof(float), stream));
+    return;
+  }
+  const internal::RowSlices sl = internal::row_slices(rows, cols);
+  float* part = internal::partials_alloc(static_cast<size_t>(sl.slices) * cols, stream);
+  column_sums_kernel<<<dim3(internal::ceil_div(cols, 32), sl.slices), dim3(32, kRowLanes), 0,
+                       stream>>>(part, in, rows, cols, sl.rows_per_slice);
   STARLING_CUDA_CHECK_LAUNCH();
+  internal::column_partials_sum(out, part, sl.slices, cols, stream);
+  STARLING_CUDA_CHECK(cudaFreeAsync(part, stream));
 }
 
 __nv_bfloat16* to_bf16(__nv_bfloat16* dst, const float* src, size_t n, cudaStream_t stream) {
@@ -157,5 +182,30 @@ void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, c
     gemm(true, false, out, in, n, dy, out, x, in, dweight, in, handle, stream);
   column_sums(dbias, dy, n, out, stream);
 }
+
+namespace internal {
+float* partials_alloc(size_t n, cudaStream_t stream) {
+  static std::once_flag keep[64];
+  int device = 0;
+  STARLING_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= 0 && device < 64) {
+    std::call_once(keep[device], [device] {
+      cudaMemPool_t pool = nullptr;
+      STARLING_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+      unsigned long long keep_all = ~0ull;
+      STARLING_CUDA_CHECK(
+          cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+    });
+  }
+  void* p = nullptr;
+  STARLING_CUDA_CHECK(cudaMallocAsync(&p, n * sizeof(float), stream));
+  return static_cast<float*>(p);
+}
+
+void column_partials_sum(float* out, const float* part, int slices, int cols, cudaStream_t stream) {
+  column_partials_sum_kernel<<<ceil_div(cols, 256), 256, 0, stream>>>(out, part, slices, cols);
+  STARLING_CUDA_CHECK_LAUNCH();
+}
+}  // namespace internal
 
 }  // namespace starling::cuda

@@ -27,7 +27,9 @@ std::vector<std::vector<double>> ref_grads(const Tensor& y, const Tensor& dy,
 
 TEST_CASE("layer_norm forward and backward match the CPU", "[cuda]") {
   STARLING_REQUIRE_GPU();
-  const auto [n, c] = GENERATE(table<int, int>({{1, 1}, {3, 7}, {5, 130}, {17, 385}, {4, 1000}}));
+  const auto [n, c] = GENERATE(
+      table<int, int>({{1, 1}, {3, 7}, {5, 130}, {17, 385}, {4, 1000}, {700, 33}, {1031, 97}}));
+  // The last two split their rows into slices for the weight and bias sums (row_slices).
   INFO("N " << n << " C " << c);
   const auto hx = random_floats(size_t(n) * c, 1, 2.0), hw = random_floats(c, 2),
              hb = random_floats(c, 3), hdy = random_floats(size_t(n) * c, 4);
@@ -122,7 +124,8 @@ TEST_CASE("linear and matmul through cuBLAS match the CPU", "[cuda]") {
   STARLING_REQUIRE_GPU();
   auto handle = make_cublas();
   SECTION("linear with bias") {
-    const auto [n, in, out] = GENERATE(table<int, int, int>({{1, 1, 1}, {5, 7, 3}, {33, 129, 65}}));
+    const auto [n, in, out] =
+        GENERATE(table<int, int, int>({{1, 1, 1}, {5, 7, 3}, {33, 129, 65}, {517, 24, 40}}));
     INFO("N " << n << " in " << in << " out " << out);
     const auto hx = random_floats(size_t(n) * in, 11), hw = random_floats(size_t(out) * in, 12),
                hb = random_floats(out, 13), hdy = random_floats(size_t(n) * out, 14);
