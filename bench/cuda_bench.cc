@@ -154,6 +154,22 @@ int main(int argc, char** argv) {
           },
           s, iters);
       row("attention bwd (fp32)", shape, ms, 0, 2 * flops);
+      // The flash kernels on the same shape: (B, H, T) log-sum-exps instead of att.
+      ms = time_ms(
+          [&] {
+            starling::cuda::flash_attention_forward(out.get(), att.get(), qkv.get(), b, t, c, h,
+                                                    starling::cuda::AttnMaskKind::kCausal, 1, s);
+          },
+          s, iters);
+      row("flash attention fwd (fp32)", shape, ms, 0, flops);
+      ms = time_ms(
+          [&] {
+            starling::cuda::flash_attention_backward(dqkv.get(), scratch.get(), dout.get(),
+                                                     qkv.get(), out.get(), att.get(), b, t, c, h,
+                                                     starling::cuda::AttnMaskKind::kCausal, 1, s);
+          },
+          s, iters);
+      row("flash attention bwd (fp32)", shape, ms, 0, 2 * flops);
     }
     {
       const size_t nv = n * static_cast<size_t>(v);

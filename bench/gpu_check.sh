@@ -8,7 +8,9 @@
 # bench/make_carry.sh where the machine lacks standalone Asio, toml++ or Catch2 v2. Env:
 # CUDA_ARCH (default 90), JOBS (default nproc), BUILD_DIR (default build/cuda), TORCH_PYTHON
 # (default python3), GPT_BENCH_SHAPES (default char), GPT_BENCH_WARMUP / GPT_BENCH_STEPS
-# (default 2 / 5), GPU_CHECK_BUDGET (seconds from the start for the whole check, default 0: none).
+# (default 2 / 5), GPU_CHECK_BUDGET (seconds from the start for the whole check, default 0: none),
+# GPU_CHECK_ONLY (space-separated step names to run, default all; configure and build always run),
+# GPT_BENCH_NO_TORCH (set: gpt_train_bench without the PyTorch rows).
 #
 # Steps run most important first (build, parity, the federated round, throughput, the user's
 # path, micro-benchmarks, CPU-only tests last), each under its own time limit. With a budget, a
@@ -97,6 +99,10 @@ save_out() {  # copies what we have to $OUT: at most 8 files come back, so the l
 }
 step() {  # step NAME LIMIT_S CMD...: CMD under `timeout`, output in $logs/NAME.log
   local name=$1 limit=$2; shift 2
+  if [ -n "${GPU_CHECK_ONLY:-}" ] && [ "$name" != configure ] && [ "$name" != build ] &&
+     [[ " $GPU_CHECK_ONLY " != *" $name "* ]]; then
+    return
+  fi
   if [ "$budget" -gt 0 ]; then
     local left=$((budget - (SECONDS - t0)))
     if [ "$left" -lt 15 ]; then
@@ -144,9 +150,17 @@ step fed_round_parity 30 python3 bench/compare_safetensors.py --tol 1e-4 \
 # eager and torch.compile (under bf16 autocast) (TORCH_PYTHON: a python with torch; without one
 # the PyTorch rows say why). The char GPT with few steps by default (about a minute, most of it
 # torch.compile); GPT_BENCH_SHAPES=char,gpt2 adds GPT-2 124M (a few more).
-step gpt_train_bench 420 "$build/bench/gpt_train_bench" --python "${TORCH_PYTHON:-python3}" \
+torch_args=(--python "${TORCH_PYTHON:-python3}")
+[ -n "${GPT_BENCH_NO_TORCH:-}" ] && torch_args=(--no-torch)  # ours only (a short check)
+step gpt_train_bench 420 "$build/bench/gpt_train_bench" "${torch_args[@]}" \
   --shapes "${GPT_BENCH_SHAPES:-char}" --precision "${GPT_BENCH_PRECISION:-bf16}" \
   --warmup "${GPT_BENCH_WARMUP:-2}" \
+  --steps "${GPT_BENCH_STEPS:-5}"
+# The same shapes with attention through cuBLAS and the (B, H, T, T) probabilities stored (the
+# path before the flash kernels), ours only: the flash kernels' share of the step.
+STARLING_CUDA_ATTENTION=materialized step gpt_train_bench_materialized 120 \
+  "$build/bench/gpt_train_bench" --no-torch --shapes "${GPT_BENCH_SHAPES:-char}" \
+  --precision "${GPT_BENCH_PRECISION:-bf16}" --warmup "${GPT_BENCH_WARMUP:-2}" \
   --steps "${GPT_BENCH_STEPS:-5}"
 
 # The user's path: `starling train --device cuda` on the baby GPT config, 200 steps, its
@@ -176,13 +190,14 @@ step mdlm_train_cuda 120 "$build/apps/starling" train -c configs/mdlm_char_cpu.t
   "${data_args[@]}"
 step mdlm_torch_cuda 120 "${TORCH_PYTHON:-python3}" bench/torch_gpt.py --mdlm --device cuda --bf16 \
   --vocab 65 --block 256 --layers 6 --heads 6 --embd 384 --batch 64 --warmup 5 --steps 50
-step mdlm_eval_ckpt 60 "$build/apps/starling" eval "$build/mdlm_cuda/ckpt.safetensors"
 step mdlm_sample_ckpt 60 "$build/apps/starling" sample "$build/mdlm_cuda/ckpt.safetensors" --steps 32
 
 step cuda_bench 120 "$build/bench/cuda_bench"
 step cuda_codec_bench 120 "$build/bench/cuda_codec_bench"  # GPU codecs beside the CPU ones
 # CPU-only (CI runs them too): last, so that GPU minutes go to the GPU first.
 step comm_tests 120 "$build/tests/starling_comm_tests"
+# The GPU-trained MDLM checkpoint's whole-split bound, on the CPU (a minute or more): last.
+step mdlm_eval_ckpt 150 "$build/apps/starling" eval "$build/mdlm_cuda/ckpt.safetensors"
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -200,6 +215,9 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
   grep -E '^(GPU:|\|)' "$logs/cuda_codec_bench.log" 2>/dev/null || echo "(cuda_codec_bench did not run)"
   echo
   grep -E '^(GPU:|\||ratio:)' "$logs/gpt_train_bench.log" 2>/dev/null || echo "(gpt_train_bench did not run)"
+  echo
+  echo "The same with STARLING_CUDA_ATTENTION=materialized (cuBLAS, probabilities stored):"
+  grep -E '^\| ' "$logs/gpt_train_bench_materialized.log" 2>/dev/null || echo "(did not run)"
   echo
   echo "starling train --device cuda (configs/gpt_char_cpu.toml, 200 steps): $(grep -E '^trained' "$logs/train_cuda.log" 2>/dev/null || echo 'did not finish')"
   echo

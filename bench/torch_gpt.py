@@ -52,6 +52,14 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(t, c)
         self.blocks = nn.ModuleList([Block(c, h, bias, causal) for _ in range(l)])
         self.ln_f = nn.LayerNorm(c, bias=bias)
+        # GPT-2's initialization, as ours (models/gpt): N(0, 0.02) weights, zero biases. PyTorch's
+        # default N(0, 1) embeddings make the tied head's logits ~sqrt(C) wide (loss ~100 at
+        # GPT-2's shape); the timing is the same either way.
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
 
     def logits(self, idx):
         t = idx.shape[1]

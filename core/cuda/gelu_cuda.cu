@@ -1,4 +1,6 @@
-// Exact (erf) GELU forward and backward, elementwise.
+// Exact (erf) GELU forward and backward, elementwise. The normal CDF is taken as
+// 0.5 * erfc(-x / sqrt(2)): 1 + erf(x / sqrt(2)) cancels for negative x and loses digits there
+// (x = -3.8: 1.7e-4 relative error in fp32, against 1e-7 with erfc).
 #include "core/cuda/check.h"
 #include "core/cuda/kernels.h"
 
@@ -13,7 +15,7 @@ __global__ void gelu_forward_kernel(float* y, const float* x, size_t n) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const float v = x[i];
-    y[i] = 0.5f * v * (1.0f + erff(v * kInvSqrt2));
+    y[i] = 0.5f * v * erfcf(-v * kInvSqrt2);
   }
 }
 
@@ -21,7 +23,7 @@ __global__ void gelu_backward_kernel(float* dx, const float* dy, const float* x,
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const float v = x[i];
-    const float cdf = 0.5f * (1.0f + erff(v * kInvSqrt2));
+    const float cdf = 0.5f * erfcf(-v * kInvSqrt2);
     const float pdf = expf(-0.5f * v * v) * kInvSqrt2Pi;
     dx[i] = dy[i] * (cdf + v * pdf);
   }

@@ -122,6 +122,18 @@ enum class AttnMaskKind : int { kFull = 0, kCausal = 1, kBlockCausal = 2, kBlock
 void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c, int h,
                        AttnMaskKind mask, int block, cublasHandle_t handle, cudaStream_t stream);
 
+// flash_attention_cuda.cu: the same attention under the same masks without storing the
+// (B, H, T, T) probabilities (core/cuda/internal/flash_attention.h): the forward writes out and
+// lse: (B, H, T), the log-sum-exp of each query's scores; the backward recomputes the
+// probabilities from qkv and lse, with delta: (B, H, T) scratch, and writes all of dqkv (no
+// accumulation). Head sizes D = C / H in [1, 128] (flash_attention_supported).
+bool flash_attention_supported(int head_dim);
+void flash_attention_forward(float* out, float* lse, const float* qkv, int b, int t, int c, int h,
+                             AttnMaskKind mask, int block, cudaStream_t stream);
+void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* qkv,
+                              const float* out, const float* lse, int b, int t, int c, int h,
+                              AttnMaskKind mask, int block, cudaStream_t stream);
+
 // rope_cuda.cu: rotary positions ("rotate half", ops::rope_packed) in place on the q and k heads
 // of qkv: (N, 3C) rows, H heads of D = C / H (D even), v untouched. Row r is at position
 // r % period; cos, sin: (period, D/2) tables. inverse rotates by the opposite angle (the

@@ -91,14 +91,25 @@ class FusedBackend {
                                int out_features) = 0;
   // Attention over packed heads under `mask` (ops::AttnMask: full, causal, block-causal or the
   // block-diffusion layout; each query reads at most two key ranges, AttnMask::key_ranges).
-  // qkv: (B, T, 3C) -> out: (B, T, C), att: (B, H, T, T) the probabilities (0 at masked keys).
+  // qkv: (B, T, 3C) -> out: (B, T, C) and att, the state the backward needs, of
+  // attention_state_floats: the (B, H, T, T) probabilities (0 at masked keys) by default, or what
+  // a backend keeps instead (the CUDA backend's flash kernels: (B, H, T) log-sum-exps).
   // REQUIRES: mask.check(T) is empty.
   virtual void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
                                  int h, const ops::AttnMask& mask) = 0;
-  // dout: (B, T, C), scratch: (B, H, T, T) -> dqkv: (B, T, 3C). Any mask: the masked
-  // probabilities of att are 0, so they pass no gradient.
+  // dout: (B, T, C), scratch of attention_scratch_floats, qkv, out and att of the forward under
+  // the same mask -> dqkv: (B, T, 3C), every element written.
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                                  const float* att, int b, int t, int c, int h) = 0;
+                                  const float* out, const float* att, int b, int t, int c, int h,
+                                  const ops::AttnMask& mask) = 0;
+  virtual size_t attention_state_floats(int b, int t, int c, int h) const {
+    (void)c;
+    return static_cast<size_t>(b) * h * t * t;
+  }
+  virtual size_t attention_scratch_floats(int b, int t, int c, int h) const {
+    (void)c;
+    return static_cast<size_t>(b) * h * t * t;
+  }
   // Rotary positions (ops::rope_packed's "rotate half" convention) in place on the q and k of
   // qkv: (N, 3C) rows, H heads of D = C / H channels each (D even); v is untouched. Row r is at
   // position p = r % period; the pair (x[i], x[i + D/2]) of every q and k head is rotated by

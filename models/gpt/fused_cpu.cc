@@ -239,8 +239,10 @@ class CpuBackend final : public FusedBackend {
     }
   }
 
+  // The masked probabilities of att are 0, so they pass no gradient: the mask is not needed.
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                          const float* att, int b, int t, int c, int h) override {
+                          const float* /*out*/, const float* att, int b, int t, int c, int h,
+                          const ops::AttnMask& /*mask*/) override {
     const int d = c / h;
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
 #pragma omp parallel for schedule(static)

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string_view>
 
 #include "core/cuda/allocator.h"
 #include "core/cuda/check.h"
@@ -19,13 +20,33 @@ namespace {
 
 constexpr int kIgnoreIndex = -100;  // never a token: every target is in [0, V)
 
+cuda::AttnMaskKind mask_kind(const ops::AttnMask& mask) {
+  switch (mask.kind) {
+    case ops::AttnMask::Kind::kFull:
+      return cuda::AttnMaskKind::kFull;
+    case ops::AttnMask::Kind::kCausal:
+      return cuda::AttnMaskKind::kCausal;
+    case ops::AttnMask::Kind::kBlockCausal:
+      return cuda::AttnMaskKind::kBlockCausal;
+    case ops::AttnMask::Kind::kBlockDiffusion:
+      return cuda::AttnMaskKind::kBlockDiffusion;
+  }
+  return cuda::AttnMaskKind::kFull;
+}
+
+bool materialized_attention_from_env() {
+  const char* v = std::getenv("STARLING_CUDA_ATTENTION");
+  return v != nullptr && std::string_view(v) == "materialized";
+}
+
 class CudaBackend final : public FusedBackend {
  public:
   explicit CudaBackend(int device)
       : device_(device),
         alloc_(device),
         stream_(cuda::make_stream()),
-        cublas_(cuda::make_cublas()) {}
+        cublas_(cuda::make_cublas()),
+        materialized_attention_(materialized_attention_from_env()) {}
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_.get());
@@ -113,28 +134,38 @@ class CudaBackend final : public FusedBackend {
     cuda::linear_backward(dx, dweight, dbias, dout, x, weight, n, in, out_features, cublas_.get(),
                           stream_.get());
   }
+  // Flash kernels (no (B, H, T, T) probabilities) for head sizes up to 128; cuBLAS with the
+  // probabilities materialized beyond, or everywhere under STARLING_CUDA_ATTENTION=materialized
+  // (kept to compare the two).
+  bool flash(int c, int h) const {
+    return !materialized_attention_ && cuda::flash_attention_supported(c / h);
+  }
+  size_t attention_state_floats(int b, int t, int c, int h) const override {
+    return flash(c, h) ? static_cast<size_t>(b) * h * t
+                       : FusedBackend::attention_state_floats(b, t, c, h);
+  }
+  size_t attention_scratch_floats(int b, int t, int c, int h) const override {
+    return flash(c, h) ? static_cast<size_t>(b) * h * t
+                       : FusedBackend::attention_scratch_floats(b, t, c, h);
+  }
   void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c, int h,
                          const ops::AttnMask& mask) override {
-    cuda::AttnMaskKind kind = cuda::AttnMaskKind::kFull;
-    switch (mask.kind) {
-      case ops::AttnMask::Kind::kFull:
-        kind = cuda::AttnMaskKind::kFull;
-        break;
-      case ops::AttnMask::Kind::kCausal:
-        kind = cuda::AttnMaskKind::kCausal;
-        break;
-      case ops::AttnMask::Kind::kBlockCausal:
-        kind = cuda::AttnMaskKind::kBlockCausal;
-        break;
-      case ops::AttnMask::Kind::kBlockDiffusion:
-        kind = cuda::AttnMaskKind::kBlockDiffusion;
-        break;
+    if (flash(c, h)) {
+      cuda::flash_attention_forward(out, att, qkv, b, t, c, h, mask_kind(mask),
+                                    static_cast<int>(mask.block), stream_.get());
+      return;
     }
-    cuda::attention_forward(out, att, qkv, b, t, c, h, kind, static_cast<int>(mask.block),
-                            cublas_.get(), stream_.get());
+    cuda::attention_forward(out, att, qkv, b, t, c, h, mask_kind(mask),
+                            static_cast<int>(mask.block), cublas_.get(), stream_.get());
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                          const float* att, int b, int t, int c, int h) override {
+                          const float* out, const float* att, int b, int t, int c, int h,
+                          const ops::AttnMask& mask) override {
+    if (flash(c, h)) {
+      cuda::flash_attention_backward(dqkv, scratch, dout, qkv, out, att, b, t, c, h,
+                                     mask_kind(mask), static_cast<int>(mask.block), stream_.get());
+      return;
+    }
     cuda::attention_backward(dqkv, scratch, dout, qkv, att, b, t, c, h, cublas_.get(),
                              stream_.get());
   }
@@ -256,6 +287,7 @@ class CudaBackend final : public FusedBackend {
   size_t bf16_bytes_ = 0;
   cuda::Stream stream_;
   cuda::CublasHandle cublas_;
+  bool materialized_attention_ = false;
   void* scratch_ = nullptr;
   void* zeros_ = nullptr;  // zero_rows()
   size_t zero_elems_ = 0;

@@ -204,6 +204,9 @@ Status FusedGpt::allocate() {
   const size_t C = static_cast<size_t>(config_.n_embd), V = static_cast<size_t>(config_.vocab_size);
   const size_t H = static_cast<size_t>(config_.n_head), L = static_cast<size_t>(config_.n_layer);
   const size_t N = B * T;
+  const int bi = static_cast<int>(B), ti = static_cast<int>(T), ci = static_cast<int>(C),
+            hi = static_cast<int>(H);
+  const size_t att_floats = backend_->attention_state_floats(bi, ti, ci, hi);
   ASSIGN_OR_RETURN(params_, floats(num_params_), "parameters");
   ASSIGN_OR_RETURN(grads_, floats(num_params_), "gradients");
   ASSIGN_OR_RETURN(m_, floats(num_params_), "AdamW state");
@@ -223,10 +226,9 @@ Status FusedGpt::allocate() {
     size_t n;
   };
   const PerLayer per_layer[] = {
-      {&a_.ln1, N * C},       {&a_.ln1_mean, N},    {&a_.ln1_rstd, N},
-      {&a_.qkv, 3 * N * C},   {&a_.atty, N * C},    {&a_.att, B * H * T * T},
-      {&a_.resid_mid, N * C}, {&a_.ln2, N * C},     {&a_.ln2_mean, N},
-      {&a_.ln2_rstd, N},      {&a_.fch, 4 * N * C}, {&a_.fch_gelu, 4 * N * C},
+      {&a_.ln1, N * C},  {&a_.ln1_mean, N},     {&a_.ln1_rstd, N},      {&a_.qkv, 3 * N * C},
+      {&a_.atty, N * C}, {&a_.att, att_floats}, {&a_.resid_mid, N * C}, {&a_.ln2, N * C},
+      {&a_.ln2_mean, N}, {&a_.ln2_rstd, N},     {&a_.fch, 4 * N * C},   {&a_.fch_gelu, 4 * N * C},
   };
   for (const auto& pl : per_layer) {
     for (size_t l = 0; l < L; ++l) {
@@ -246,7 +248,8 @@ Status FusedGpt::allocate() {
   ASSIGN_OR_RETURN(a_.dbtc2, floats(N * C), "backward scratch");
   ASSIGN_OR_RETURN(a_.dqkv, floats(3 * N * C), "backward scratch");
   ASSIGN_OR_RETURN(a_.dfch, floats(4 * N * C), "backward scratch");
-  ASSIGN_OR_RETURN(a_.datt, floats(B * H * T * T), "backward scratch");
+  ASSIGN_OR_RETURN(a_.datt, floats(backend_->attention_scratch_floats(bi, ti, ci, hi)),
+                   "backward scratch");
   ASSIGN_OR_RETURN(a_.scalars, get(kScalarBytes));
   if (config_.rope) {
     // ops::rope's table: angles p * base^(-2i/D) in double, their cos and sin rounded to fp32.
@@ -450,7 +453,8 @@ void FusedGpt::backward() {
     k.residual_add(a_.dres, a_.dres, a_.dbtc2, NC);  // gradient of resid_mid
     k.linear_backward(a_.dbtc, grad(p.attprojw), grad(p.attprojb), a_.dres, a_.atty[li],
                       param(p.attprojw), N, C, C);
-    k.attention_backward(a_.dqkv, a_.datt, a_.dbtc, a_.qkv[li], a_.att[li], B, T, C, H);
+    k.attention_backward(a_.dqkv, a_.datt, a_.dbtc, a_.qkv[li], a_.atty[li], a_.att[li], B, T, C, H,
+                         mask_);
     // qkv[li] holds the rotated q, k; rotating dq, dk back gives c_attn's output gradient.
     if (config_.rope) k.rope(a_.dqkv, a_.rope_cos, a_.rope_sin, N, C, H, P, true);
     k.linear_backward(a_.dbtc, grad(p.qkvw), grad(p.qkvb), a_.dqkv, a_.ln1[li], param(p.qkvw), N, C,

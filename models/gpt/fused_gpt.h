@@ -189,6 +189,7 @@ class FusedGpt {
     int* bucket_tokens = nullptr;
     int num_unique = 0;
     std::vector<float*> residual;  // L + 1 of (B, T, C): x_0 (embeddings) .. x_L
+    // att: the attention state the backward reads (FusedBackend::attention_state_floats).
     std::vector<float*> ln1, ln1_mean, ln1_rstd, qkv, atty, att, resid_mid, ln2, ln2_mean, ln2_rstd,
         fch, fch_gelu;
     float* tmp = nullptr;  // (B, T, C): attention / MLP projections before the residual add
@@ -204,7 +205,7 @@ class FusedGpt {
     float* dbtc2 = nullptr;    // (B, T, C)
     float* dqkv = nullptr;     // (B, T, 3C)
     float* dfch = nullptr;     // (B, T, 4C)
-    float* datt = nullptr;     // (B, H, T, T)
+    float* datt = nullptr;     // attention backward scratch (attention_scratch_floats)
     // RoPE: cos and sin of each position's angles, (positions, D/2) each (null without RoPE).
     float* rope_cos = nullptr;
     float* rope_sin = nullptr;

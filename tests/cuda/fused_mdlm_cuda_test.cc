@@ -2,6 +2,8 @@
 // bidirectional attention, the weighted cross-entropy over a padded vocabulary, and FusedMdlm's
 // gradients and training steps.
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "models/gpt/fused_backend.h"
@@ -57,32 +59,47 @@ std::unique_ptr<FusedBackend> cuda_backend() {
 
 // Attention forward and backward with `mask` on random inputs (seeds seed, seed + 1) on the CPU
 // and CUDA backends: outputs, probabilities and dqkv agree. Returns the GPU's probabilities.
+// Attention forward and backward on the CPU backend and on the CUDA backend twice: with its flash
+// kernels (the default: no (B, H, T, T) probabilities) and with the probabilities materialized
+// (STARLING_CUDA_ATTENTION=materialized). out and dqkv agree on all three (every element written:
+// dqkv starts as NaN), the materialized probabilities agree with the CPU's. Returns the GPU's
+// materialized probabilities.
 std::vector<float> attention_matches_cpu(int b, int t, int c, int h, const ops::AttnMask& mask,
                                          uint64_t seed) {
-  const size_t nqkv = size_t(b) * t * 3 * c, nout = size_t(b) * t * c, natt = size_t(b) * h * t * t;
+  const size_t nqkv = size_t(b) * t * 3 * c, nout = size_t(b) * t * c;
   const auto qkv = random_floats(nqkv, seed), dout = random_floats(nout, seed + 1);
-  std::vector<float> out[2], att[2], dqkv[2];
+  std::vector<float> out[3], att[3], dqkv[3];
   auto cpu = models::make_fused_cpu_backend();
-  auto gpu = cuda_backend();
-  FusedBackend* backends[2] = {cpu.get(), gpu.get()};
-  for (int i = 0; i < 2; ++i) {
+  auto flash = cuda_backend();
+  ::setenv("STARLING_CUDA_ATTENTION", "materialized", 1);
+  auto materialized = cuda_backend();
+  ::unsetenv("STARLING_CUDA_ATTENTION");
+  FusedBackend* backends[3] = {cpu.get(), flash.get(), materialized.get()};
+  REQUIRE(flash->attention_state_floats(b, t, c, h) == size_t(b) * h * t);
+  REQUIRE(materialized->attention_state_floats(b, t, c, h) == size_t(b) * h * t * t);
+  for (int i = 0; i < 3; ++i) {
+    const size_t natt = backends[i]->attention_state_floats(b, t, c, h);
+    const size_t nscratch = backends[i]->attention_scratch_floats(b, t, c, h);
     Arena a(*backends[i]);
     float* q = a.put(qkv);
     float* d = a.put(dout);
     float* o = a.make<float>(nout);
     float* p = a.make<float>(natt);
-    float* s = a.make<float>(natt);
-    float* g = a.make<float>(nqkv);
+    float* s = a.make<float>(nscratch);
+    float* g = a.put(std::vector<float>(nqkv, std::nanf("")));
     backends[i]->attention_forward(o, p, q, b, t, c, h, mask);
-    backends[i]->attention_backward(g, s, d, q, p, b, t, c, h);
+    backends[i]->attention_backward(g, s, d, q, o, p, b, t, c, h, mask);
     out[i] = a.get(o, nout);
     att[i] = a.get(p, natt);
     dqkv[i] = a.get(g, nqkv);
   }
-  require_close(out[1], as_double(out[0]));
-  require_close(att[1], as_double(att[0]));
-  require_close(dqkv[1], as_double(dqkv[0]));
-  return att[1];
+  for (int i = 1; i < 3; ++i) {
+    INFO((i == 1 ? "flash" : "materialized"));
+    require_close(out[i], as_double(out[0]));
+    require_close(dqkv[i], as_double(dqkv[0]));
+  }
+  require_close(att[2], as_double(att[0]));
+  return att[2];
 }
 
 TEST_CASE("fused backend attention, causal and bidirectional, matches the CPU backend", "[cuda]") {
@@ -212,6 +229,7 @@ TEST_CASE("fused MDLM on CUDA: gradients and 10 steps match the CPU backend", "[
   INFO("rope " << rope << " block_length " << block_length << " shape " << which);
   auto c = mdlm_shape(which);
   c.rope = rope;
+  if (rope && which == 0) c.n_embd = 36;  // RoPE needs an even head size: 2 heads of 18
   c.block_length = block_length;
   const int64_t b = rope || block_length > 0 ? 4 : 8;
   auto cpu = make_mdlm(c, b, false);  // both from models::Mdlm(c, 1)'s initialization
