@@ -170,6 +170,22 @@ int main(int argc, char** argv) {
           },
           s, iters);
       row("flash attention bwd (fp32)", shape, ms, 0, 2 * flops);
+      ms = time_ms(
+          [&] {
+            starling::cuda::flash_attention_forward_bf16(out.get(), att.get(), qkv.get(), b, t, c,
+                                                         h, starling::cuda::AttnMaskKind::kCausal,
+                                                         1, s);
+          },
+          s, iters);
+      row("flash attention fwd (bf16 tensor cores)", shape, ms, 0, flops);
+      ms = time_ms(
+          [&] {
+            starling::cuda::flash_attention_backward_bf16(
+                dqkv.get(), scratch.get(), dout.get(), qkv.get(), out.get(), att.get(), b, t, c, h,
+                starling::cuda::AttnMaskKind::kCausal, 1, s);
+          },
+          s, iters);
+      row("flash attention bwd (bf16 tensor cores)", shape, ms, 0, 2 * flops);
     }
     {
       const size_t nv = n * static_cast<size_t>(v);

@@ -163,6 +163,9 @@ STARLING_CUDA_ATTENTION=materialized step gpt_train_bench_materialized 120 \
   --precision "${GPT_BENCH_PRECISION:-bf16}" --warmup "${GPT_BENCH_WARMUP:-2}" \
   --steps "${GPT_BENCH_STEPS:-5}"
 
+# Per-op timings at GPT-2's training shapes (attention: materialized, flash fp32, flash bf16).
+step cuda_bench 120 "$build/bench/cuda_bench"
+
 # The user's path: `starling train --device cuda` on the baby GPT config, 200 steps, its
 # checkpoint sampled back on the CPU. Tiny Shakespeare from STARLING_DATA_DIR or ../shared/data;
 # without it, this repository's docs as the corpus (the step checks the path, not the loss).
@@ -192,7 +195,6 @@ step mdlm_torch_cuda 120 "${TORCH_PYTHON:-python3}" bench/torch_gpt.py --mdlm --
   --vocab 65 --block 256 --layers 6 --heads 6 --embd 384 --batch 64 --warmup 5 --steps 50
 step mdlm_sample_ckpt 60 "$build/apps/starling" sample "$build/mdlm_cuda/ckpt.safetensors" --steps 32
 
-step cuda_bench 120 "$build/bench/cuda_bench"
 step cuda_codec_bench 120 "$build/bench/cuda_codec_bench"  # GPU codecs beside the CPU ones
 # CPU-only (CI runs them too): last, so that GPU minutes go to the GPU first.
 step comm_tests 120 "$build/tests/starling_comm_tests"

@@ -133,6 +133,14 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int b, in
 void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* qkv,
                               const float* out, const float* lse, int b, int t, int c, int h,
                               AttnMaskKind mask, int block, cudaStream_t stream);
+// The same on tensor cores (core/cuda/internal/flash_attention_tc.h): q, k, v, the
+// probabilities, dO and dS rounded to bf16, products accumulated in fp32 (the bf16 precision
+// mode; 1e-2 of the fp32 result). Same arguments and layouts.
+void flash_attention_forward_bf16(float* out, float* lse, const float* qkv, int b, int t, int c,
+                                  int h, AttnMaskKind mask, int block, cudaStream_t stream);
+void flash_attention_backward_bf16(float* dqkv, float* delta, const float* dout, const float* qkv,
+                                   const float* out, const float* lse, int b, int t, int c, int h,
+                                   AttnMaskKind mask, int block, cudaStream_t stream);
 
 // rope_cuda.cu: rotary positions ("rotate half", ops::rope_packed) in place on the q and k heads
 // of qkv: (N, 3C) rows, H heads of D = C / H (D even), v untouched. Row r is at position

@@ -34,9 +34,18 @@ cuda::AttnMaskKind mask_kind(const ops::AttnMask& mask) {
   return cuda::AttnMaskKind::kFull;
 }
 
-bool materialized_attention_from_env() {
+enum class AttentionMode { kDefault, kMaterialized, kFp32 };
+
+// STARLING_CUDA_ATTENTION: unset (flash kernels, bf16 ones in bf16 mode), "materialized" or
+// "fp32"; another value is a typo and says so once.
+AttentionMode attention_mode_from_env() {
   const char* v = std::getenv("STARLING_CUDA_ATTENTION");
-  return v != nullptr && std::string_view(v) == "materialized";
+  if (v == nullptr || *v == '\0') return AttentionMode::kDefault;
+  const std::string_view s(v);
+  if (s == "materialized") return AttentionMode::kMaterialized;
+  if (s == "fp32") return AttentionMode::kFp32;
+  spdlog::warn("STARLING_CUDA_ATTENTION={}: not materialized or fp32; using the default", s);
+  return AttentionMode::kDefault;
 }
 
 class CudaBackend final : public FusedBackend {
@@ -46,7 +55,7 @@ class CudaBackend final : public FusedBackend {
         alloc_(device),
         stream_(cuda::make_stream()),
         cublas_(cuda::make_cublas()),
-        materialized_attention_(materialized_attention_from_env()) {}
+        attention_mode_(attention_mode_from_env()) {}
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_.get());
@@ -134,12 +143,16 @@ class CudaBackend final : public FusedBackend {
     cuda::linear_backward(dx, dweight, dbias, dout, x, weight, n, in, out_features, cublas_.get(),
                           stream_.get());
   }
-  // Flash kernels (no (B, H, T, T) probabilities) for head sizes up to 128; cuBLAS with the
-  // probabilities materialized beyond, or everywhere under STARLING_CUDA_ATTENTION=materialized
-  // (kept to compare the two).
+  // Flash kernels (no (B, H, T, T) probabilities) for head sizes up to 128: on tensor cores
+  // (bf16 operands) when the linear layers are bf16 too, in fp32 otherwise. cuBLAS with the
+  // probabilities materialized beyond 128, or everywhere under
+  // STARLING_CUDA_ATTENTION=materialized; STARLING_CUDA_ATTENTION=fp32 keeps the fp32 flash
+  // kernels in bf16 mode (both kept to compare).
   bool flash(int c, int h) const {
-    return !materialized_attention_ && cuda::flash_attention_supported(c / h);
+    return attention_mode_ != AttentionMode::kMaterialized &&
+           cuda::flash_attention_supported(c / h);
   }
+  bool flash_bf16() const { return bf16_matmuls_ && attention_mode_ == AttentionMode::kDefault; }
   size_t attention_state_floats(int b, int t, int c, int h) const override {
     return flash(c, h) ? static_cast<size_t>(b) * h * t
                        : FusedBackend::attention_state_floats(b, t, c, h);
@@ -150,24 +163,31 @@ class CudaBackend final : public FusedBackend {
   }
   void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c, int h,
                          const ops::AttnMask& mask) override {
-    if (flash(c, h)) {
-      cuda::flash_attention_forward(out, att, qkv, b, t, c, h, mask_kind(mask),
-                                    static_cast<int>(mask.block), stream_.get());
-      return;
+    const auto kind = mask_kind(mask);
+    const int block = static_cast<int>(mask.block);
+    if (!flash(c, h)) {
+      cuda::attention_forward(out, att, qkv, b, t, c, h, kind, block, cublas_.get(), stream_.get());
+    } else if (flash_bf16()) {
+      cuda::flash_attention_forward_bf16(out, att, qkv, b, t, c, h, kind, block, stream_.get());
+    } else {
+      cuda::flash_attention_forward(out, att, qkv, b, t, c, h, kind, block, stream_.get());
     }
-    cuda::attention_forward(out, att, qkv, b, t, c, h, mask_kind(mask),
-                            static_cast<int>(mask.block), cublas_.get(), stream_.get());
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* out, const float* att, int b, int t, int c, int h,
                           const ops::AttnMask& mask) override {
-    if (flash(c, h)) {
-      cuda::flash_attention_backward(dqkv, scratch, dout, qkv, out, att, b, t, c, h,
-                                     mask_kind(mask), static_cast<int>(mask.block), stream_.get());
-      return;
+    const auto kind = mask_kind(mask);
+    const int block = static_cast<int>(mask.block);
+    if (!flash(c, h)) {
+      cuda::attention_backward(dqkv, scratch, dout, qkv, att, b, t, c, h, cublas_.get(),
+                               stream_.get());
+    } else if (flash_bf16()) {
+      cuda::flash_attention_backward_bf16(dqkv, scratch, dout, qkv, out, att, b, t, c, h, kind,
+                                          block, stream_.get());
+    } else {
+      cuda::flash_attention_backward(dqkv, scratch, dout, qkv, out, att, b, t, c, h, kind, block,
+                                     stream_.get());
     }
-    cuda::attention_backward(dqkv, scratch, dout, qkv, att, b, t, c, h, cublas_.get(),
-                             stream_.get());
   }
   void rope(float* qkv, const float* cos, const float* sin, int n, int c, int h, int period,
             bool inverse) override {
@@ -287,7 +307,7 @@ class CudaBackend final : public FusedBackend {
   size_t bf16_bytes_ = 0;
   cuda::Stream stream_;
   cuda::CublasHandle cublas_;
-  bool materialized_attention_ = false;
+  AttentionMode attention_mode_ = AttentionMode::kDefault;
   void* scratch_ = nullptr;
   void* zeros_ = nullptr;  // zero_rows()
   size_t zero_elems_ = 0;

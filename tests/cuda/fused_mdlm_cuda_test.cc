@@ -59,25 +59,28 @@ std::unique_ptr<FusedBackend> cuda_backend() {
 
 // Attention forward and backward with `mask` on random inputs (seeds seed, seed + 1) on the CPU
 // and CUDA backends: outputs, probabilities and dqkv agree. Returns the GPU's probabilities.
-// Attention forward and backward on the CPU backend and on the CUDA backend twice: with its flash
-// kernels (the default: no (B, H, T, T) probabilities) and with the probabilities materialized
-// (STARLING_CUDA_ATTENTION=materialized). out and dqkv agree on all three (every element written:
-// dqkv starts as NaN), the materialized probabilities agree with the CPU's. Returns the GPU's
-// materialized probabilities.
+// Attention forward and backward on the CPU backend and on the CUDA backend three times: with its
+// fp32 flash kernels (the default: no (B, H, T, T) probabilities), with the probabilities
+// materialized (STARLING_CUDA_ATTENTION=materialized), and in bf16 mode (the tensor-core flash
+// kernels). out and dqkv agree with the CPU's (fp32 1e-5, bf16 1e-2; every element written:
+// dqkv starts as NaN), the materialized probabilities too. Returns the GPU's materialized
+// probabilities.
 std::vector<float> attention_matches_cpu(int b, int t, int c, int h, const ops::AttnMask& mask,
                                          uint64_t seed) {
   const size_t nqkv = size_t(b) * t * 3 * c, nout = size_t(b) * t * c;
   const auto qkv = random_floats(nqkv, seed), dout = random_floats(nout, seed + 1);
-  std::vector<float> out[3], att[3], dqkv[3];
+  std::vector<float> out[4], att[4], dqkv[4];
   auto cpu = models::make_fused_cpu_backend();
   auto flash = cuda_backend();
   ::setenv("STARLING_CUDA_ATTENTION", "materialized", 1);
   auto materialized = cuda_backend();
   ::unsetenv("STARLING_CUDA_ATTENTION");
-  FusedBackend* backends[3] = {cpu.get(), flash.get(), materialized.get()};
+  auto tensor_cores = cuda_backend();
+  REQUIRE(tensor_cores->set_bf16_matmuls(true, 0).ok());
+  FusedBackend* backends[4] = {cpu.get(), flash.get(), materialized.get(), tensor_cores.get()};
   REQUIRE(flash->attention_state_floats(b, t, c, h) == size_t(b) * h * t);
   REQUIRE(materialized->attention_state_floats(b, t, c, h) == size_t(b) * h * t * t);
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     const size_t natt = backends[i]->attention_state_floats(b, t, c, h);
     const size_t nscratch = backends[i]->attention_scratch_floats(b, t, c, h);
     Arena a(*backends[i]);
@@ -93,10 +96,11 @@ std::vector<float> attention_matches_cpu(int b, int t, int c, int h, const ops::
     att[i] = a.get(p, natt);
     dqkv[i] = a.get(g, nqkv);
   }
-  for (int i = 1; i < 3; ++i) {
-    INFO((i == 1 ? "flash" : "materialized"));
-    require_close(out[i], as_double(out[0]));
-    require_close(dqkv[i], as_double(dqkv[0]));
+  for (int i = 1; i < 4; ++i) {
+    INFO((i == 1 ? "flash" : i == 2 ? "materialized" : "tensor cores"));
+    const double tol = i == 3 ? 1e-2 : 1e-5;
+    require_close(out[i], as_double(out[0]), tol);
+    require_close(dqkv[i], as_double(dqkv[0]), tol);
   }
   require_close(att[2], as_double(att[0]));
   return att[2];

@@ -132,6 +132,16 @@ TEST_CASE("attention over packed heads matches the CPU", "[cuda]") {
   STARLING_CUDA_CHECK(cudaDeviceSynchronize());
   require_close(fo.to_host(), values(y));
   require_close(fq.to_host(), grads[0]);
+
+  // On tensor cores: bf16 operands, fp32 accumulation, 1e-2 of the float64 result.
+  fo = DeviceArray<float>::from_host(std::vector<float>(size_t(b) * t * c, std::nanf("")));
+  fq = DeviceArray<float>::from_host(std::vector<float>(hqkv.size(), std::nanf("")));
+  flash_attention_forward_bf16(fo.get(), lse.get(), dq.get(), b, t, c, h, mask, 1, nullptr);
+  flash_attention_backward_bf16(fq.get(), delta.get(), ddy.get(), dq.get(), fo.get(), lse.get(), b,
+                                t, c, h, mask, 1, nullptr);
+  STARLING_CUDA_CHECK(cudaDeviceSynchronize());
+  require_close(fo.to_host(), values(y), 1e-2);
+  require_close(fq.to_host(), grads[0], 1e-2);
 }
 
 TEST_CASE("linear and matmul through cuBLAS match the CPU", "[cuda]") {

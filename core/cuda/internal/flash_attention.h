@@ -39,7 +39,7 @@ enum MaskKind : int { kFull = 0, kCausal = 1, kBlockCausal = 2, kBlockDiffusion 
 
 struct Shape {
   int b = 0, t = 0, c = 0, h = 0, d = 0;  // D = C / H
-  float scale = 1.0f;                      // 1 / sqrt(D)
+  float scale = 1.0f;                     // 1 / sqrt(D)
   int mask = kFull;
   int block = 1;  // block length of the block masks
 };
@@ -206,7 +206,7 @@ STARLING_FLASH_HD void fwd_end(const FwdRow<DM>& r, float* out, float* lse, cons
   const float inv = r.l > 0.0f ? 1.0f / r.l : 0.0f;
   float* o = out + at(s, bh, r.i, s.c);
   STARLING_FLASH_UNROLL  // constant indices keep the row in registers
-  for (int d = 0; d < DM; ++d) {
+      for (int d = 0; d < DM; ++d) {
     if (d < s.d) o[d] = r.o[d] * inv;
   }
   lse[static_cast<size_t>(bh) * s.t + r.i] = r.l > 0.0f ? r.m + log_f(r.l) : INFINITY;
@@ -236,9 +236,8 @@ struct DqRow {
 };
 
 template <int DM>
-STARLING_FLASH_HD void dq_begin(DqRow<DM>& r, const float* qkv, const float* dout,
-                                const float* lse, const float* delta, const Shape& s, int bh,
-                                int i) {
+STARLING_FLASH_HD void dq_begin(DqRow<DM>& r, const float* qkv, const float* dout, const float* lse,
+                                const float* delta, const Shape& s, int bh, int i) {
   r.i = i;
   r.valid = i < s.t;
   r.keys = r.valid ? key_ranges(s, i) : Ranges{};
@@ -290,8 +289,8 @@ struct QueryInfo {
 };
 
 // Query i's info (an invalid i reads no key).
-STARLING_FLASH_HD QueryInfo query_info(const Shape& s, const float* lse, const float* delta,
-                                       int bh, int i) {
+STARLING_FLASH_HD QueryInfo query_info(const Shape& s, const float* lse, const float* delta, int bh,
+                                       int i) {
   QueryInfo q{};
   if (i < s.t) {
     q.keys = key_ranges(s, i);

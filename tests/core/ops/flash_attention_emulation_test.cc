@@ -5,14 +5,17 @@
 // head sizes that exercise each register width and shapes that leave partial tiles and blocks.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "core/autograd/autograd.h"
 #include "core/cuda/internal/flash_attention.h"
+#include "core/cuda/internal/flash_attention_tc.h"
 #include "core/ops/attention.h"
 #include "core/util/rng.h"
 
 namespace flash = starling::cuda::flash;
+namespace tc = starling::cuda::flash_tc;
 using starling::Rng;
 using starling::Tensor;
 namespace ops = starling::ops;
@@ -24,8 +27,8 @@ using flash::kTile;
 
 // The forward kernel's loop, every block and thread on the CPU.
 template <int DM>
-void emulate_forward(std::vector<float>& out, std::vector<float>& lse, const std::vector<float>& qkv,
-                     const flash::Shape& s, int* tiles_skipped) {
+void emulate_forward(std::vector<float>& out, std::vector<float>& lse,
+                     const std::vector<float>& qkv, const flash::Shape& s, int* tiles_skipped) {
   std::vector<float> ks(kTile * DM), vs(kTile * DM);
   for (int bh = 0; bh < s.b * s.h; ++bh) {
     for (int blk = 0; blk * kRows < s.t; ++blk) {
@@ -118,7 +121,8 @@ void emulate_backward(std::vector<float>& dqkv, const std::vector<float>& dout,
             flash::load_tile<DM>(t1.data(), qkv.data(), 3 * s.c, s, bh, i0, tid, kRows);
             flash::load_tile<DM>(t2.data(), dout.data(), s.c, s, bh, i0, tid, kRows);
           }
-          for (int tid = 0; tid < kRows; ++tid) flash::scale_tile<DM>(t1.data(), s.scale, tid, kRows);
+          for (int tid = 0; tid < kRows; ++tid)
+            flash::scale_tile<DM>(t1.data(), s.scale, tid, kRows);
           for (int tid = 0; tid < kRows; ++tid) {
             flash::kv_tile<DM, kDk>(rows[tid], t1.data(), t2.data(), info.data(), i0, s.t);
           }
@@ -129,6 +133,102 @@ void emulate_backward(std::vector<float>& dqkv, const std::vector<float>& dout,
   };
   kv_pass(std::false_type{});
   kv_pass(std::true_type{});
+}
+
+// The tensor-core kernels' phases (flash_attention_tc.h), warp by warp and lane by lane between
+// the kernels' barriers, with warp_gemm's host loop in place of WMMA.
+struct SmemBuffer {
+  explicit SmemBuffer(size_t bytes) : raw(bytes + 128) {
+    const auto at = reinterpret_cast<uintptr_t>(raw.data());
+    base = raw.data() + ((128 - at % 128) % 128);
+  }
+  std::vector<char> raw;
+  char* base;
+};
+
+template <int DP>
+void emulate_tc_forward(std::vector<float>& out, std::vector<float>& lse,
+                        const std::vector<float>& qkv, const flash::Shape& s) {
+  SmemBuffer buf(tc::fwd_smem_bytes(DP));
+  for (int bh = 0; bh < s.b * s.h; ++bh) {
+    for (int row0 = 0; row0 < s.t; row0 += tc::kBlock) {
+      const tc::FwdSmem m = tc::fwd_smem(buf.base, DP);
+      for (int tid = 0; tid < tc::kThreads; ++tid)
+        tc::fwd_begin(m, DP, qkv.data(), s, bh, row0, tid);
+      for (int j0 = 0; j0 < s.t; j0 += tc::kTile) {
+        bool any = false;
+        for (int tid = 0; tid < tc::kThreads; ++tid) any = any || tc::fwd_needs(m, tid, j0);
+        if (!any) continue;
+        for (int tid = 0; tid < tc::kThreads; ++tid)
+          tc::fwd_load(m, DP, qkv.data(), s, bh, j0, tid);
+        for (int w = 0; w < tc::kWarps; ++w) {
+          tc::fwd_scores(m, DP, w);
+          for (int lane = 0; lane < 32; ++lane) tc::fwd_rowmax(m, w, lane, j0, s.t);
+          for (int lane = 0; lane < 32; ++lane) tc::fwd_probs(m, w, lane, j0, s.t);
+          for (int lane = 0; lane < 32; ++lane) tc::fwd_rescale(m, DP, w, lane);
+          for (int lane = 0; lane < 32; ++lane) tc::fwd_state(m, w, lane);
+          tc::fwd_accumulate(m, DP, w);
+        }
+      }
+      for (int w = 0; w < tc::kWarps; ++w) {
+        for (int lane = 0; lane < 32; ++lane) {
+          tc::fwd_end(m, DP, out.data(), lse.data(), s, bh, row0, w, lane);
+        }
+      }
+    }
+  }
+}
+
+template <int DP>
+void emulate_tc_backward(std::vector<float>& dqkv, const std::vector<float>& dout,
+                         const std::vector<float>& qkv, const std::vector<float>& out,
+                         const std::vector<float>& lse, const flash::Shape& s) {
+  std::vector<float> delta(static_cast<size_t>(s.b) * s.h * s.t);
+  for (int bh = 0; bh < s.b * s.h; ++bh) {
+    for (int i = 0; i < s.t; ++i) flash::delta_row(delta.data(), dout.data(), out.data(), s, bh, i);
+  }
+  SmemBuffer dq_buf(tc::dq_smem_bytes(DP)), kv_buf(tc::kv_smem_bytes(DP));
+  for (int bh = 0; bh < s.b * s.h; ++bh) {
+    for (int row0 = 0; row0 < s.t; row0 += tc::kBlock) {
+      const tc::DqSmem m = tc::dq_smem(dq_buf.base, DP);
+      for (int tid = 0; tid < tc::kThreads; ++tid) {
+        tc::dq_begin(m, DP, qkv.data(), dout.data(), lse.data(), delta.data(), s, bh, row0, tid);
+      }
+      for (int j0 = 0; j0 < s.t; j0 += tc::kTile) {
+        bool any = false;
+        for (int tid = 0; tid < tc::kThreads; ++tid) any = any || tc::dq_needs(m, tid, j0);
+        if (!any) continue;
+        for (int tid = 0; tid < tc::kThreads; ++tid) tc::dq_load(m, DP, qkv.data(), s, bh, j0, tid);
+        for (int w = 0; w < tc::kWarps; ++w) {
+          tc::dq_products(m, DP, w);
+          for (int lane = 0; lane < 32; ++lane) tc::dq_grads(m, w, lane, j0, row0, s.t);
+          tc::dq_accumulate(m, DP, w);
+        }
+      }
+      for (int tid = 0; tid < tc::kThreads; ++tid) tc::dq_end(m, DP, dqkv.data(), s, bh, row0, tid);
+    }
+    for (int key0 = 0; key0 < s.t; key0 += tc::kBlock) {
+      const tc::KvSmem m = tc::kv_smem(kv_buf.base, DP);
+      for (int tid = 0; tid < tc::kThreads; ++tid)
+        tc::kv_begin(m, DP, qkv.data(), s, bh, key0, tid);
+      for (int i0 = 0; i0 < s.t; i0 += tc::kTile) {
+        bool any = false;
+        for (int tid = 0; tid < tc::kThreads; ++tid) {
+          any = tc::kv_info(m, s, lse.data(), delta.data(), bh, i0, key0, tid) || any;
+        }
+        if (!any) continue;
+        for (int tid = 0; tid < tc::kThreads; ++tid) {
+          tc::kv_load(m, DP, qkv.data(), dout.data(), s, bh, i0, tid);
+        }
+        for (int w = 0; w < tc::kWarps; ++w) {
+          tc::kv_products(m, DP, w);
+          for (int lane = 0; lane < 32; ++lane) tc::kv_grads(m, w, lane, key0, i0, s.t);
+          tc::kv_accumulate(m, DP, w);
+        }
+      }
+      for (int tid = 0; tid < tc::kThreads; ++tid) tc::kv_end(m, DP, dqkv.data(), s, bh, key0, tid);
+    }
+  }
 }
 
 std::vector<float> randn(size_t n, uint64_t seed) {
@@ -178,10 +278,20 @@ void check(int b, int t, int c, int h, const ops::AttnMask& mask, int kind) {
   Tensor x = f64(qkv, {b, t, 3 * c}, true);
   Tensor y = ops::attention_packed(x, h, mask);
   starling::autograd::backward(y, f64(dout, {b, t, c}, false));
-  require_close(out, y.to_double_vector(), 1e-5);
-  require_close(dqkv, x.grad().to_double_vector(), 1e-5);
+  const auto want_out = y.to_double_vector(), want_dqkv = x.grad().to_double_vector();
+  require_close(out, want_out, 1e-5);
+  require_close(dqkv, want_dqkv, 1e-5);
   // Causal masks skip the key tiles past a block's last query.
   if (kind == flash::kCausal && t > kRows) CHECK(skipped > 0);
+
+  // The tensor-core kernels: bf16 operands, so 1e-2 of the float64 result.
+  constexpr int DP = DM < 16 ? 16 : DM;
+  std::vector<float> tout(nout, NAN), tlse(size_t(b) * h * t, NAN), tdqkv(nqkv, NAN);
+  emulate_tc_forward<DP>(tout, tlse, qkv, s);
+  emulate_tc_backward<DP>(tdqkv, dout, qkv, tout, tlse, s);
+  INFO("tensor cores");
+  require_close(tout, want_out, 1e-2);
+  require_close(tdqkv, want_dqkv, 1e-2);
 }
 
 }  // namespace
@@ -198,11 +308,10 @@ TEST_CASE("flash attention (CUDA kernels' arithmetic, emulated) matches attentio
   const int kind = GENERATE(0, 1, 2, 3);
   // Block masks: a block that divides T (T / 2 for block diffusion).
   const int block = kind == flash::kBlockDiffusion ? (t / 2) % 3 == 0 ? 3 : 4 : 8;
-  ops::AttnMask mask = kind == flash::kFull     ? ops::AttnMask::full()
-                       : kind == flash::kCausal ? ops::AttnMask::causal()
-                       : kind == flash::kBlockCausal
-                           ? ops::AttnMask::block_causal(block)
-                           : ops::AttnMask::block_diffusion(block);
+  ops::AttnMask mask = kind == flash::kFull          ? ops::AttnMask::full()
+                       : kind == flash::kCausal      ? ops::AttnMask::causal()
+                       : kind == flash::kBlockCausal ? ops::AttnMask::block_causal(block)
+                                                     : ops::AttnMask::block_diffusion(block);
   INFO("B " << b << " T " << t << " C " << c << " H " << h << " mask " << kind << " block "
             << block);
   REQUIRE(mask.check(t).empty());
