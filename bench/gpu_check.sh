@@ -156,12 +156,14 @@ step gpt_train_bench 420 "$build/bench/gpt_train_bench" "${torch_args[@]}" \
   --shapes "${GPT_BENCH_SHAPES:-char}" --precision "${GPT_BENCH_PRECISION:-bf16}" \
   --warmup "${GPT_BENCH_WARMUP:-2}" \
   --steps "${GPT_BENCH_STEPS:-5}"
-# The same shapes with attention through cuBLAS and the (B, H, T, T) probabilities stored (the
-# path before the flash kernels), ours only: the flash kernels' share of the step.
-STARLING_CUDA_ATTENTION=materialized step gpt_train_bench_materialized 120 \
-  "$build/bench/gpt_train_bench" --no-torch --shapes "${GPT_BENCH_SHAPES:-char}" \
-  --precision "${GPT_BENCH_PRECISION:-bf16}" --warmup "${GPT_BENCH_WARMUP:-2}" \
-  --steps "${GPT_BENCH_STEPS:-5}"
+# The same shapes, ours only, with the other attention paths (docs/cuda.md, "Flash attention"):
+# cuBLAS with the (B, H, T, T) probabilities stored, and the tensor-core flash kernels.
+for mode in materialized bf16; do
+  STARLING_CUDA_ATTENTION=$mode step "gpt_train_bench_$mode" 120 \
+    "$build/bench/gpt_train_bench" --no-torch --shapes "${GPT_BENCH_SHAPES:-char}" \
+    --precision "${GPT_BENCH_PRECISION:-bf16}" --warmup "${GPT_BENCH_WARMUP:-2}" \
+    --steps "${GPT_BENCH_STEPS:-5}"
+done
 
 # Per-op timings at GPT-2's training shapes (attention: materialized, flash fp32, flash bf16).
 step cuda_bench 120 "$build/bench/cuda_bench"
@@ -218,8 +220,11 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
   echo
   grep -E '^(GPU:|\||ratio:)' "$logs/gpt_train_bench.log" 2>/dev/null || echo "(gpt_train_bench did not run)"
   echo
-  echo "The same with STARLING_CUDA_ATTENTION=materialized (cuBLAS, probabilities stored):"
-  grep -E '^\| ' "$logs/gpt_train_bench_materialized.log" 2>/dev/null || echo "(did not run)"
+  for mode in materialized bf16; do
+    echo "The same with STARLING_CUDA_ATTENTION=$mode:"
+    grep -E '^\| [a-z]' "$logs/gpt_train_bench_$mode.log" 2>/dev/null | grep -v '^| shape' ||
+      echo "(did not run)"
+  done
   echo
   echo "starling train --device cuda (configs/gpt_char_cpu.toml, 200 steps): $(grep -E '^trained' "$logs/train_cuda.log" 2>/dev/null || echo 'did not finish')"
   echo

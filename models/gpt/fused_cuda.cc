@@ -34,18 +34,19 @@ cuda::AttnMaskKind mask_kind(const ops::AttnMask& mask) {
   return cuda::AttnMaskKind::kFull;
 }
 
-enum class AttentionMode { kDefault, kMaterialized, kFp32 };
+enum class AttentionMode { kFlash, kMaterialized, kBf16 };
 
-// STARLING_CUDA_ATTENTION: unset (flash kernels, bf16 ones in bf16 mode), "materialized" or
-// "fp32"; another value is a typo and says so once.
+// STARLING_CUDA_ATTENTION: unset or "flash" (the fp32 flash kernels), "materialized" or "bf16";
+// another value is a typo and says so.
 AttentionMode attention_mode_from_env() {
   const char* v = std::getenv("STARLING_CUDA_ATTENTION");
-  if (v == nullptr || *v == '\0') return AttentionMode::kDefault;
+  if (v == nullptr || *v == '\0') return AttentionMode::kFlash;
   const std::string_view s(v);
+  if (s == "flash") return AttentionMode::kFlash;
   if (s == "materialized") return AttentionMode::kMaterialized;
-  if (s == "fp32") return AttentionMode::kFp32;
-  spdlog::warn("STARLING_CUDA_ATTENTION={}: not materialized or fp32; using the default", s);
-  return AttentionMode::kDefault;
+  if (s == "bf16") return AttentionMode::kBf16;
+  spdlog::warn("STARLING_CUDA_ATTENTION={}: not flash, materialized or bf16; using flash", s);
+  return AttentionMode::kFlash;
 }
 
 class CudaBackend final : public FusedBackend {
@@ -143,16 +144,16 @@ class CudaBackend final : public FusedBackend {
     cuda::linear_backward(dx, dweight, dbias, dout, x, weight, n, in, out_features, cublas_.get(),
                           stream_.get());
   }
-  // Flash kernels (no (B, H, T, T) probabilities) for head sizes up to 128: on tensor cores
-  // (bf16 operands) when the linear layers are bf16 too, in fp32 otherwise. cuBLAS with the
-  // probabilities materialized beyond 128, or everywhere under
-  // STARLING_CUDA_ATTENTION=materialized; STARLING_CUDA_ATTENTION=fp32 keeps the fp32 flash
-  // kernels in bf16 mode (both kept to compare).
+  // Attention: the fp32 flash kernels (no (B, H, T, T) probabilities) for head sizes up to 128,
+  // cuBLAS with the probabilities materialized beyond. STARLING_CUDA_ATTENTION=materialized takes
+  // cuBLAS everywhere (on the H200 faster at GPT-2's T = 1024 but 10 GB more), =bf16 the
+  // tensor-core flash kernels (bf16 operands; measured slower than the fp32 ones so far). See
+  // docs/cuda.md, "Flash attention".
   bool flash(int c, int h) const {
     return attention_mode_ != AttentionMode::kMaterialized &&
            cuda::flash_attention_supported(c / h);
   }
-  bool flash_bf16() const { return bf16_matmuls_ && attention_mode_ == AttentionMode::kDefault; }
+  bool flash_bf16() const { return attention_mode_ == AttentionMode::kBf16; }
   size_t attention_state_floats(int b, int t, int c, int h) const override {
     return flash(c, h) ? static_cast<size_t>(b) * h * t
                        : FusedBackend::attention_state_floats(b, t, c, h);
@@ -307,7 +308,7 @@ class CudaBackend final : public FusedBackend {
   size_t bf16_bytes_ = 0;
   cuda::Stream stream_;
   cuda::CublasHandle cublas_;
-  AttentionMode attention_mode_ = AttentionMode::kDefault;
+  AttentionMode attention_mode_ = AttentionMode::kFlash;
   void* scratch_ = nullptr;
   void* zeros_ = nullptr;  // zero_rows()
   size_t zero_elems_ = 0;

@@ -61,10 +61,10 @@ std::unique_ptr<FusedBackend> cuda_backend() {
 // and CUDA backends: outputs, probabilities and dqkv agree. Returns the GPU's probabilities.
 // Attention forward and backward on the CPU backend and on the CUDA backend three times: with its
 // fp32 flash kernels (the default: no (B, H, T, T) probabilities), with the probabilities
-// materialized (STARLING_CUDA_ATTENTION=materialized), and in bf16 mode (the tensor-core flash
-// kernels). out and dqkv agree with the CPU's (fp32 1e-5, bf16 1e-2; every element written:
-// dqkv starts as NaN), the materialized probabilities too. Returns the GPU's materialized
-// probabilities.
+// materialized (STARLING_CUDA_ATTENTION=materialized), and with the tensor-core flash kernels
+// (STARLING_CUDA_ATTENTION=bf16). out and dqkv agree with the CPU's (fp32 1e-5, bf16 1e-2; every
+// element written: dqkv starts as NaN), the materialized probabilities too. Returns the GPU's
+// materialized probabilities.
 std::vector<float> attention_matches_cpu(int b, int t, int c, int h, const ops::AttnMask& mask,
                                          uint64_t seed) {
   const size_t nqkv = size_t(b) * t * 3 * c, nout = size_t(b) * t * c;
@@ -75,8 +75,9 @@ std::vector<float> attention_matches_cpu(int b, int t, int c, int h, const ops::
   ::setenv("STARLING_CUDA_ATTENTION", "materialized", 1);
   auto materialized = cuda_backend();
   ::unsetenv("STARLING_CUDA_ATTENTION");
+  ::setenv("STARLING_CUDA_ATTENTION", "bf16", 1);
   auto tensor_cores = cuda_backend();
-  REQUIRE(tensor_cores->set_bf16_matmuls(true, 0).ok());
+  ::unsetenv("STARLING_CUDA_ATTENTION");
   FusedBackend* backends[4] = {cpu.get(), flash.get(), materialized.get(), tensor_cores.get()};
   REQUIRE(flash->attention_state_floats(b, t, c, h) == size_t(b) * h * t);
   REQUIRE(materialized->attention_state_floats(b, t, c, h) == size_t(b) * h * t * t);

@@ -117,6 +117,14 @@ STARLING_FLASH_HD void zero_f32(float* p, int n, int tid, int threads) {
   for (int e = tid; e < n; e += threads) p[e] = 0.0f;
 }
 
+// Lane-pair phases: lane -> (row lane / 2 of the warp's strip, half lane % 2 of the columns).
+// Step `it` of a lane visits column half * n + (it + lane) % n of its half of n columns: rows of
+// the score and output strips are 64 floats apart (one full turn of the 32 banks), so without
+// the stagger all 32 lanes would hit one bank at every step.
+STARLING_FLASH_HD int stagger(int it, int lane, int half, int n) {
+  return half * n + (it + lane) % n;
+}
+
 // ---- forward ----
 
 // Shared memory of the forward kernel, carved from one buffer (fwd_smem_bytes).
@@ -199,8 +207,8 @@ STARLING_FLASH_HD void fwd_scores(const FwdSmem& m, int dp, int w) {
 STARLING_FLASH_HD void fwd_rowmax(const FwdSmem& m, int w, int lane, int j0, int t) {
   const int r = w * 16 + lane / 2, half = lane % 2;
   float mx = -INFINITY;
-  for (int c = half * 32; c < half * 32 + 32; ++c) {
-    const int j = j0 + c;
+  for (int it = 0; it < 32; ++it) {
+    const int c = stagger(it, lane, half, 32), j = j0 + c;
     if (j < t && m.keys[r].contains(j)) mx = flash::max_f(mx, m.s[r * kTile + c]);
   }
   m.red_max[w * 32 + lane] = mx;
@@ -212,8 +220,8 @@ STARLING_FLASH_HD void fwd_probs(const FwdSmem& m, int w, int lane, int j0, int 
   const float tile_max = flash::max_f(m.red_max[w * 32 + lane], m.red_max[w * 32 + (lane ^ 1)]);
   const float mn = flash::max_f(m.m[r], tile_max);
   float sum = 0.0f;
-  for (int c = half * 32; c < half * 32 + 32; ++c) {
-    const int j = j0 + c;
+  for (int it = 0; it < 32; ++it) {
+    const int c = stagger(it, lane, half, 32), j = j0 + c;
     float p = 0.0f;
     if (mn != -INFINITY && j < t && m.keys[r].contains(j))
       p = flash::exp_f(m.s[r * kTile + c] - mn);
@@ -232,7 +240,7 @@ STARLING_FLASH_HD void fwd_rescale(const FwdSmem& m, int dp, int w, int lane) {
   const float corr = mn == -INFINITY ? 1.0f : flash::exp_f(m.m[r] - mn);
   // The pair's partials in lane order, so both lanes form the same sum.
   const float sum = m.red_sum[w * 32 + (lane & ~1)] + m.red_sum[w * 32 + (lane | 1)];
-  for (int d = half * (dp / 2); d < (half + 1) * (dp / 2); ++d) m.o[r * dp + d] *= corr;
+  for (int it = 0; it < dp / 2; ++it) m.o[r * dp + stagger(it, lane, half, dp / 2)] *= corr;
   if (half == 0) m.l_next[r] = m.l[r] * corr + sum;
 }
 
@@ -338,7 +346,8 @@ STARLING_FLASH_HD void kv_products(const KvSmem& m, int dp, int w) {
 // P^T = exp(S^T - lse) where the query reads the key, dS^T = P^T (dP^T - Delta).
 STARLING_FLASH_HD void kv_grads(const KvSmem& m, int w, int lane, int key0, int i0, int t) {
   const int r = w * 16 + lane / 2, half = lane % 2, j = key0 + r;
-  for (int c = half * 32; c < half * 32 + 32; ++c) {
+  for (int it = 0; it < 32; ++it) {
+    const int c = stagger(it, lane, half, 32);
     float p = 0.0f, ds = 0.0f;
     if (j < t && i0 + c < t && m.qi[c].keys.contains(j)) {
       p = flash::exp_f(m.st[r * kTile + c] - m.qi[c].lse);
@@ -431,8 +440,8 @@ STARLING_FLASH_HD void dq_products(const DqSmem& m, int dp, int w) {
 STARLING_FLASH_HD void dq_grads(const DqSmem& m, int w, int lane, int j0, int row0, int t) {
   const int r = w * 16 + lane / 2, half = lane % 2;
   const flash::QueryInfo& qi = m.qi[r];
-  for (int c = half * 32; c < half * 32 + 32; ++c) {
-    const int j = j0 + c;
+  for (int it = 0; it < 32; ++it) {
+    const int c = stagger(it, lane, half, 32), j = j0 + c;
     float ds = 0.0f;
     if (row0 + r < t && j < t && qi.keys.contains(j)) {
       const float p = flash::exp_f(m.s[r * kTile + c] - qi.lse);
