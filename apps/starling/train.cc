@@ -228,15 +228,15 @@ Result<models::TrainSummary> train_gpt_ranks(const v1::RunConfig& cfg, const std
   return sum;
 }
 
-// --device cuda / --gpus: the GPU to train on (the fused GPT / MDLM trainer), or nullopt for CPU.
-// Refused with the reason, never silently run on the CPU: a build without CUDA, no visible GPU,
-// an index that is not a visible GPU, or more than one GPU (data parallel on GPUs is not there
-// yet).
-Result<std::optional<int>> check_gpu_request(const std::string& device, const std::string& gpus) {
+// --device cuda / --gpus: the GPUs to train on (the fused GPT / MDLM trainer; several: data
+// parallel, one rank per GPU over NCCL), or none for the CPU. Refused with the reason, never
+// silently run on the CPU: a build without CUDA, no visible GPU, an index that is not a visible
+// GPU, a GPU named twice.
+Result<std::vector<int>> check_gpu_request(const std::string& device, const std::string& gpus) {
   if (device != "cpu" && device != "cuda") {
     return invalid_argument("--device '" + device + "': expected cpu or cuda");
   }
-  if (device == "cpu" && gpus.empty()) return std::optional<int>();
+  if (device == "cpu" && gpus.empty()) return std::vector<int>();
   const std::string what = gpus.empty() ? "--device cuda" : "--gpus " + gpus;
   std::vector<int> ids;
   for (size_t pos = 0; !gpus.empty() && pos <= gpus.size();) {
@@ -246,15 +246,15 @@ Result<std::optional<int>> check_gpu_request(const std::string& device, const st
         item.size() > 4) {
       return invalid_argument("--gpus '" + gpus + "': expected GPU indices like 0 or 0,1");
     }
-    ids.push_back(std::stoi(item));
+    const int id = std::stoi(item);
+    if (std::find(ids.begin(), ids.end(), id) != ids.end()) {
+      return invalid_argument("--gpus '" + gpus + "': GPU " + item +
+                              " is named twice (one rank per GPU)");
+    }
+    ids.push_back(id);
     pos = comma + 1;
   }
-  if (ids.size() > 1) {
-    return unimplemented(what +
-                         ": data-parallel training over several GPUs is not implemented yet (the "
-                         "NCCL communicator exists, the fused trainer runs on one GPU); use one "
-                         "GPU, e.g. --gpus 0, or --ranks N for data parallel on CPU threads");
-  }
+  if (ids.empty()) ids.push_back(0);
   if (!cuda::built_with_cuda()) {
     return unimplemented(what +
                          ": this starling build has no CUDA backend, so no GPU training path "
@@ -262,18 +262,19 @@ Result<std::optional<int>> check_gpu_request(const std::string& device, const st
                          "toolkit); train.engine = \"fused\" runs the same trainer on the CPU");
   }
   const auto devs = cuda::devices();
-  const int gpu = ids.empty() ? 0 : ids[0];
   if (devs.empty()) {
     return failed_precondition(what +
                                ": no CUDA device is visible, so no GPU training path on this "
                                "machine (driver, CUDA_VISIBLE_DEVICES?); train.engine = "
                                "\"fused\" runs the same trainer on the CPU");
   }
-  if (gpu >= static_cast<int>(devs.size())) {
-    return invalid_argument(what + ": GPU " + std::to_string(gpu) + " is not visible (" +
-                            std::to_string(devs.size()) + " visible)");
+  for (int gpu : ids) {
+    if (gpu >= static_cast<int>(devs.size())) {
+      return invalid_argument(what + ": GPU " + std::to_string(gpu) + " is not visible (" +
+                              std::to_string(devs.size()) + " visible)");
+    }
   }
-  return std::optional<int>(gpu);
+  return ids;
 }
 
 }  // namespace
@@ -289,8 +290,9 @@ void register_train(CLI::App& app, CommandContext& ctx) {
   auto device = std::make_shared<std::string>("cpu");
   auto gpus = std::make_shared<std::string>();
   cmd->add_option("--ranks", ranks->ranks,
-                  "Data-parallel ranks on CPU threads (GPT): each takes batch_size / ranks rows, "
-                  "gradients are averaged in buckets during backward; rank 0 logs and checkpoints")
+                  "Data-parallel ranks on CPU threads (GPT, autograd or fused engine): each takes "
+                  "batch_size / ranks rows, gradients are averaged during backward; rank 0 logs "
+                  "and checkpoints")
       ->check(CLI::Range(1, 256));
   cmd->add_option("--bucket-mb", ranks->bucket_mb,
                   "With --ranks: gradient bucket cap in MB (default 25, as PyTorch DDP)");
@@ -300,7 +302,8 @@ void register_train(CLI::App& app, CommandContext& ctx) {
                   "cpu (default) or cuda: GPT and MDLM configs train with the fused engine on the "
                   "GPU");
   cmd->add_option("--gpus", *gpus,
-                  "GPU index to train on (implies --device cuda), e.g. 0; one GPU for now");
+                  "GPUs to train on (implies --device cuda), e.g. 0, or 0,1 for data parallel "
+                  "with one rank per GPU over NCCL (GPT)");
   cmd->callback([&ctx, config_path, sets, ranks, device, gpus]() {
     auto gpu = check_gpu_request(*device, *gpus);
     if (!gpu.ok()) return fail(ctx, gpu.status().message());
@@ -312,12 +315,13 @@ void register_train(CLI::App& app, CommandContext& ctx) {
     }
     // The fused engine (GPT, or the plain MDLM): on the GPU (--device cuda / --gpus) or on the
     // CPU (train.engine).
-    if (gpu->has_value() || cfg.train().engine() == v1::TrainConfig::FUSED) {
-      const std::string what =
-          gpu->has_value() ? "--device cuda" : std::string("train.engine = \"fused\"");
-      if (ranks->ranks > 1) {
-        return fail(ctx, what + " runs one replica: --ranks " + std::to_string(ranks->ranks) +
-                             " is for the autograd engine on CPU threads");
+    if (!gpu->empty() || cfg.train().engine() == v1::TrainConfig::FUSED) {
+      const bool on_gpu = !gpu->empty();
+      const std::string what = on_gpu ? "--device cuda" : std::string("train.engine = \"fused\"");
+      if (on_gpu && ranks->ranks > 1) {
+        return fail(ctx, "--ranks " + std::to_string(ranks->ranks) +
+                             " runs ranks on CPU threads; on GPUs --gpus names the ranks, one "
+                             "per GPU (e.g. --gpus 0,1)");
       }
       const bool mdlm = cfg.model().arch() == v1::ModelConfig::MDLM;
       if (cfg.model().arch() != v1::ModelConfig::GPT && !mdlm) {
@@ -326,15 +330,28 @@ void register_train(CLI::App& app, CommandContext& ctx) {
                              "trainer); DDPM trains on the CPU autograd engine");
       }
       models::FusedTrainOptions fo;
-      fo.cuda = gpu->has_value();
-      fo.gpu = gpu->value_or(0);
+      fo.cuda = on_gpu;
+      fo.gpu = on_gpu ? gpu->front() : 0;
+      if (gpu->size() > 1) fo.gpus = *gpu;
+      fo.ranks = on_gpu ? 1 : ranks->ranks;
+      fo.overlap = ranks->overlap;
+      const int n = on_gpu ? static_cast<int>(gpu->size()) : ranks->ranks;
+      if (mdlm && n > 1) {
+        return fail(ctx, *config_path + ": data parallel (" +
+                             (on_gpu ? "--gpus " + *gpus : "--ranks " + std::to_string(n)) +
+                             ") trains model.arch = \"gpt\"; the MDLM trains on one replica");
+      }
       auto res = mdlm ? models::train_mdlm_fused(cfg, *config_path, fo)
                       : models::train_gpt_fused(cfg, *config_path, fo);
       if (!res.ok()) return fail(ctx, res.status().message());
+      std::string where = on_gpu ? "fused, cuda:" : "fused, cpu";
+      for (size_t i = 0; on_gpu && i < gpu->size(); ++i) {
+        where += (i ? "," : "") + std::to_string((*gpu)[i]);
+      }
+      if (n > 1) where += ", " + std::to_string(n) + " ranks";
       std::printf("trained %lld steps in %.1f s: val loss %.4f (best %.4f), %.0f tokens/s (%s)\n",
                   static_cast<long long>(res->iters), res->seconds, res->val_loss,
-                  res->best_val_loss, res->tokens_per_second,
-                  fo.cuda ? ("fused, cuda:" + std::to_string(fo.gpu)).c_str() : "fused, cpu");
+                  res->best_val_loss, res->tokens_per_second, where.c_str());
       std::printf("checkpoint: %s\n", res->checkpoint.string().c_str());
       return;
     }

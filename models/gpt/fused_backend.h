@@ -148,6 +148,16 @@ class FusedBackend {
   virtual void clip_scale(float* x, size_t n, const double* norm_sq, double max_norm) = 0;
 
   // Bytes currently allocated and the high-water mark (for benchmarks).
+  // Makes this backend's device current on the calling thread (a CUDA device; nothing on the
+  // CPU). A thread other than the one that made the backend calls it before its first call.
+  virtual void bind_thread() {}
+  // A mark of the work enqueued so far; wait_marked blocks the calling thread (any thread) until
+  // that work is done. The CPU backend's calls are done when they return: empty marks. For
+  // data-parallel training (GradientReducer) to start a collective on gradients backward has
+  // finished while backward goes on.
+  virtual std::shared_ptr<void> mark() { return nullptr; }
+  virtual void wait_marked(const std::shared_ptr<void>& mark) { (void)mark; }
+
   virtual size_t bytes_in_use() const = 0;
   virtual size_t peak_bytes() const = 0;
 

@@ -237,6 +237,17 @@ class CudaBackend final : public FusedBackend {
     cuda::clip_scale(x, n, norm_sq, max_norm, stream_.get());
   }
 
+  void bind_thread() override { STARLING_CUDA_CHECK(cudaSetDevice(device_)); }
+  std::shared_ptr<void> mark() override {
+    cudaEvent_t e = nullptr;
+    STARLING_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    STARLING_CUDA_CHECK(cudaEventRecord(e, stream_.get()));
+    return std::shared_ptr<void>(e,
+                                 [](void* ev) { cudaEventDestroy(static_cast<cudaEvent_t>(ev)); });
+  }
+  void wait_marked(const std::shared_ptr<void>& mark) override {
+    if (mark) STARLING_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(mark.get())));
+  }
   size_t bytes_in_use() const override { return alloc_.stats().in_use; }
   size_t peak_bytes() const override { return alloc_.stats().peak_in_use; }
 

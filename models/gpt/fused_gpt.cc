@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <unordered_map>
 
 namespace starling::models {
@@ -462,6 +463,7 @@ void FusedGpt::backward() {
     k.layer_norm_backward(a_.dbtc2, grad(p.ln1w), grad(p.ln1b), a_.dbtc, a_.residual[li],
                           param(p.ln1w), a_.ln1_mean[li], a_.ln1_rstd[li], N, C);
     k.residual_add(a_.dres, a_.dres, a_.dbtc2, NC);  // gradient of residual[li]
+    if (reducer_) reducer_->ready(grads_ + block_ranges_[li].first, block_ranges_[li].second);
   }
   const EncoderBuckets bk{a_.bucket_order, a_.bucket_starts, a_.bucket_tokens, a_.num_unique};
   k.encoder_backward(grad(wte_), grad(wpe_), a_.dres, bk, N / P, P, C);
@@ -495,6 +497,43 @@ Result<double> FusedGpt::forward_backward(const FusedBatch& batch) {
   return static_cast<double>(loss);
 }
 
+Status FusedGpt::set_data_parallel(comm::Communicator* comm, bool overlap) {
+  reducer_.reset();
+  block_ranges_.clear();
+  other_ranges_.clear();
+  if (comm == nullptr) return ok_status();
+  // Each block's tensors are contiguous in the layout (fused_gpt_layout): its range is from its
+  // first tensor to the end of its last.
+  for (size_t li = 0; li < blocks_.size(); ++li) {
+    const std::string prefix = "transformer.h." + std::to_string(li) + ".";
+    size_t lo = num_params_, hi = 0, sum = 0;
+    for (const auto& p : layout_) {
+      if (p.name.rfind(prefix, 0) != 0) continue;
+      lo = std::min(lo, p.offset);
+      hi = std::max(hi, p.offset + p.numel);
+      sum += p.numel;
+    }
+    if (sum == 0 || hi - lo != sum) {
+      return internal_error("fused GPT: block " + std::to_string(li) +
+                            "'s parameters are not contiguous in the flat layout");
+    }
+    block_ranges_.emplace_back(lo, sum);
+  }
+  const size_t first = block_ranges_.empty() ? num_params_ : block_ranges_.front().first;
+  const size_t last = block_ranges_.empty()
+                          ? num_params_
+                          : block_ranges_.back().first + block_ranges_.back().second;
+  if (first > 0) other_ranges_.emplace_back(0, first);
+  if (last < num_params_) other_ranges_.emplace_back(last, num_params_ - last);
+  // Rank 0's parameters everywhere: replicas start equal and, averaging the same gradients with
+  // the same arithmetic, stay equal.
+  backend_->synchronize();
+  RETURN_IF_ERROR(comm->broadcast(std::span<float>(params_, num_params_), 0),
+                  "fused GPT: broadcasting rank 0's parameters");
+  reducer_ = std::make_unique<GradientReducer>(*comm, *backend_, overlap);
+  return ok_status();
+}
+
 void FusedGpt::reset_optimizer() {
   backend_->zero(m_, num_params_ * sizeof(float));
   backend_->zero(v_, num_params_ * sizeof(float));
@@ -513,6 +552,14 @@ Result<FusedStepResult> FusedGpt::train_step(const FusedBatch& batch, double lr,
   RETURN_IF_ERROR(set_batch(batch));
   forward();
   backward();
+  if (reducer_) {
+    for (const auto& [off, n] : other_ranges_) reducer_->ready(grads_ + off, n);
+    float* loss = reinterpret_cast<float*>(static_cast<char*>(a_.scalars) + kLossOffset);
+    reducer_->ready(loss, 1);
+    RETURN_IF_ERROR(reducer_->finish(), "fused GPT, data-parallel step " +
+                                            std::to_string(steps_ + 1) + " on rank " +
+                                            std::to_string(reducer_->comm().rank()));
+  }
   double* norm_sq = reinterpret_cast<double*>(static_cast<char*>(a_.scalars) + kNormOffset);
   backend_->sum_squares(norm_sq, grads_, num_params_);
   backend_->clip_scale(grads_, num_params_, norm_sq, grad_clip);

@@ -11,12 +11,15 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/comm/communicator.h"
 #include "core/io/state_dict.h"
 #include "core/ops/attention.h"
 #include "core/tensor/tensor.h"
 #include "models/gpt/fused_backend.h"
+#include "models/gpt/fused_reducer.h"
 #include "models/gpt/gpt.h"
 
 namespace starling::models {
@@ -137,6 +140,17 @@ class FusedGpt {
   // (a federated client's round).
   void reset_optimizer();
 
+  // Data-parallel training over `comm` (collective: every rank's engine calls it, with the same
+  // config and batch shape). Rank 0's parameters are broadcast to every rank; from then on
+  // train_step averages the gradients over the ranks before clipping and AdamW (each transformer
+  // block's range as soon as backward has finished it: on a worker thread while backward goes on
+  // with `overlap`, else after backward; the embeddings and ln_f last) and reports the mean of the
+  // ranks' losses. Each rank trains on its own rows: with the same number of (unweighted) tokens
+  // per rank the step is the step on all ranks' rows together. `comm` reduces this engine's
+  // backend memory (a comm::ThreadGroup for the CPU backend, NCCL for CUDA) and must outlive the
+  // engine or the next set_data_parallel(nullptr).
+  Status set_data_parallel(comm::Communicator* comm, bool overlap = true);
+
   // Host copies for tests and tools.
   std::vector<float> parameters_host();
   std::vector<float> gradients_host();
@@ -172,7 +186,11 @@ class FusedGpt {
   int wte_ = 0, wpe_ = 1, lnfw_ = -1, lnfb_ = -1;  // wpe_ = -1 with RoPE
   int64_t steps_ = 0;
   int64_t loss_vocab_ = 0;  // set to V by make()
-  bool weighted_ = false;   // the current batch has weights (a_.weights)
+  // Data parallel (set_data_parallel): the reducer, each block's [offset, offset + n) in the flat
+  // buffer, and the ranges outside the blocks (wte, wpe; ln_f).
+  std::unique_ptr<GradientReducer> reducer_;
+  std::vector<std::pair<size_t, size_t>> block_ranges_, other_ranges_;
+  bool weighted_ = false;  // the current batch has weights (a_.weights)
 
   std::vector<void*> owned_;  // every backend allocation, freed in ~FusedGpt
   float* params_ = nullptr;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/util/status.h"
 #include "core/wire/config.pb.h"
@@ -13,7 +14,14 @@ namespace starling::models {
 
 struct FusedTrainOptions {
   bool cuda = false;  // false: the CPU backend
-  int gpu = 0;        // the CUDA device when cuda
+  int gpu = 0;        // the CUDA device when cuda (and gpus is empty)
+  // Data parallel (FusedGpt::set_data_parallel): `ranks` replicas on the CPU backend (threads of
+  // a comm::ThreadGroup), or with cuda one replica per GPU of `gpus` (NCCL) when it names more
+  // than one. Each replica takes train.batch_size / ranks rows of every batch; one thread per
+  // rank in this process. `overlap`: gradients averaged during backward.
+  int ranks = 1;
+  std::vector<int> gpus = {};
+  bool overlap = true;
 };
 
 // Same outputs as train_gpt (<out_dir>/ckpt.safetensors, best.safetensors, metrics.jsonl,

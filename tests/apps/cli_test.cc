@@ -126,13 +126,24 @@ TEST_CASE("cli: train --ranks 2 trains data-parallel and checkpoints, bad reques
   Run odd = run("train -c " + (d / "tiny.toml").string() + " --ranks 3");
   REQUIRE(odd.rc != 0);
   REQUIRE_THAT(odd.out, Catch::Contains("not a multiple of --ranks 3"));
-  Run two = run("train -c " + (d / "tiny.toml").string() + " --gpus 0,1");
-  REQUIRE(two.rc != 0);
-  REQUIRE_THAT(two.out, Catch::Contains("several GPUs is not implemented"));
+  // The fused engine's data parallel: two replicas on CPU threads (the code --gpus 0,1 runs over
+  // NCCL), and the requests it refuses.
   Run fused_ranks =
-      run("train -c " + (d / "tiny.toml").string() + " --set train.engine=fused --ranks 2");
-  REQUIRE(fused_ranks.rc != 0);
-  REQUIRE_THAT(fused_ranks.out, Catch::Contains("--ranks 2 is for the autograd engine"));
+      run("train -c " + (d / "tiny.toml").string() +
+          " --set train.engine=fused --ranks 2 --set train.out_dir=" + (d / "fused2").string());
+  INFO(fused_ranks.out);
+  REQUIRE(fused_ranks.rc == 0);
+  REQUIRE_THAT(fused_ranks.out, Catch::Contains("(fused, cpu, 2 ranks)"));
+  REQUIRE(fs::exists(d / "fused2" / "ckpt.safetensors"));
+  Run fused_odd =
+      run("train -c " + (d / "tiny.toml").string() + " --set train.engine=fused --ranks 3");
+  REQUIRE(fused_odd.rc != 0);
+  REQUIRE_THAT(fused_odd.out, Catch::Contains("not a multiple of the 3 data-parallel ranks"));
+  Run twice = run("train -c " + (d / "tiny.toml").string() + " --gpus 0,0");
+  REQUIRE(twice.rc != 0);
+  REQUIRE_THAT(twice.out, Catch::Contains("named twice"));
+  Run gpu_ranks = run("train -c " + (d / "tiny.toml").string() + " --gpus 0 --ranks 2");
+  REQUIRE(gpu_ranks.rc != 0);
   // --device cuda trains on a GPU where one is visible, and is refused with the reason elsewhere.
   const bool gpu_visible = run("info").out.find("cuda devices: none") == std::string::npos;
   Run gpu = run("train -c " + (d / "tiny.toml").string() + " --device cuda");

@@ -332,7 +332,7 @@ TEST_CASE("fused MDLM refuses what it cannot run, naming the key", "[models][fus
                Catch::Contains("model.arch"));
     if (!make_fused_cuda_backend(0).ok()) {
       cfg = tiny_run(dir, "out");
-      const auto rc = train_mdlm_fused(cfg, "x.toml", FusedTrainOptions{true, 0});
+      const auto rc = train_mdlm_fused(cfg, "x.toml", FusedTrainOptions{.cuda = true});
       REQUIRE_FALSE(rc.ok());
       CHECK_THAT(rc.status().message(), Catch::Contains("cuda", Catch::CaseSensitive::No));
     }
