@@ -181,6 +181,16 @@ step train_cuda 120 "$build/apps/starling" train -c configs/gpt_char_cpu.toml --
   --set train.max_iters=200 --set train.eval_interval=100 --set "train.out_dir=$build/train_cuda" \
   "${data_args[@]}"
 step sample_cuda_ckpt 60 "$build/apps/starling" sample "$build/train_cuda/ckpt.safetensors" -n 100
+# Data parallel over every visible GPU (one rank per GPU over NCCL) where there are several: the
+# char config with 24 rows per step (a multiple of 2, 3, 4, 6 and 8 GPUs), tokens/s beside
+# train_cuda's (docs/cuda.md, "Data parallel on the fused engine").
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "${ngpu:-0}" -ge 2 ]; then
+  step train_cuda_dp 180 "$build/apps/starling" train -c configs/gpt_char_cpu.toml \
+    --gpus "$(seq -s, 0 $((ngpu - 1)))" --set train.batch_size=24 --set train.max_iters=200 \
+    --set train.eval_interval=100 \
+    --set "train.out_dir=$build/train_cuda_dp" "${data_args[@]}"
+fi
 
 # The MDLM on the GPU (issue 8): `starling train --device cuda` on the char shape of
 # ../shared/bench/REFERENCE.md (V=65, T=256, L=6, H=6, C=384, B=64, bidirectional, bf16 linear
@@ -227,6 +237,7 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
   done
   echo
   echo "starling train --device cuda (configs/gpt_char_cpu.toml, 200 steps): $(grep -E '^trained' "$logs/train_cuda.log" 2>/dev/null || echo 'did not finish')"
+  [ -f "$logs/train_cuda_dp.log" ] && echo && echo "The same over every GPU (--gpus 0,...): $(grep -E '^trained' "$logs/train_cuda_dp.log" || echo 'did not finish')"
   echo
   echo "Federated GPT round, 2 client processes on cuda:0 (bench/fed_device_round.sh): global model vs the CPU run: $(tail -1 "$logs/fed_round_parity.log" 2>/dev/null || echo 'did not run'); clients: $(grep -h -o 'rounds took .*' "$logs/fed_round_cuda.log" 2>/dev/null | tr '\n' ' ' || echo 'did not run')"
   echo
