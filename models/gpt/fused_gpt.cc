@@ -463,7 +463,7 @@ void FusedGpt::backward() {
     k.layer_norm_backward(a_.dbtc2, grad(p.ln1w), grad(p.ln1b), a_.dbtc, a_.residual[li],
                           param(p.ln1w), a_.ln1_mean[li], a_.ln1_rstd[li], N, C);
     k.residual_add(a_.dres, a_.dres, a_.dbtc2, NC);  // gradient of residual[li]
-    if (reducer_) reducer_->ready(grads_ + block_ranges_[li].first, block_ranges_[li].second);
+    if (reducing_) reducer_->ready(grads_ + block_ranges_[li].first, block_ranges_[li].second);
   }
   const EncoderBuckets bk{a_.bucket_order, a_.bucket_starts, a_.bucket_tokens, a_.num_unique};
   k.encoder_backward(grad(wte_), grad(wpe_), a_.dres, bk, N / P, P, C);
@@ -551,7 +551,9 @@ Result<FusedStepResult> FusedGpt::train_step(const FusedBatch& batch, double lr,
                                              const FusedOptimizer& opt, double grad_clip) {
   RETURN_IF_ERROR(set_batch(batch));
   forward();
+  reducing_ = reducer_ != nullptr;  // only a training step averages (not forward_backward)
   backward();
+  reducing_ = false;
   if (reducer_) {
     for (const auto& [off, n] : other_ranges_) reducer_->ready(grads_ + off, n);
     float* loss = reinterpret_cast<float*>(static_cast<char*>(a_.scalars) + kLossOffset);

@@ -148,7 +148,7 @@ class FusedGpt {
   // ranks' losses. Each rank trains on its own rows: with the same number of (unweighted) tokens
   // per rank the step is the step on all ranks' rows together. `comm` reduces this engine's
   // backend memory (a comm::ThreadGroup for the CPU backend, NCCL for CUDA) and must outlive the
-  // engine or the next set_data_parallel(nullptr).
+  // engine or the next set_data_parallel(nullptr). forward_backward and loss stay local.
   Status set_data_parallel(comm::Communicator* comm, bool overlap = true);
 
   // Host copies for tests and tools.
@@ -189,6 +189,7 @@ class FusedGpt {
   // Data parallel (set_data_parallel): the reducer, each block's [offset, offset + n) in the flat
   // buffer, and the ranges outside the blocks (wte, wpe; ln_f).
   std::unique_ptr<GradientReducer> reducer_;
+  bool reducing_ = false;  // inside train_step's backward: hand finished blocks to reducer_
   std::vector<std::pair<size_t, size_t>> block_ranges_, other_ranges_;
   bool weighted_ = false;  // the current batch has weights (a_.weights)
 
