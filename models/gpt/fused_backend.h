@@ -148,6 +148,12 @@ class FusedBackend {
   virtual void clip_scale(float* x, size_t n, const double* norm_sq, double max_norm) = 0;
 
   // Bytes currently allocated and the high-water mark (for benchmarks).
+  // The attention path (TrainConfig.attention): a GPU backend's choice between its flash kernels
+  // and cuBLAS with the probabilities stored; the CPU backend always stores them. Set before the
+  // engine is made: attention_state_floats depends on it.
+  enum class Attention { kFlash, kMaterialized, kFlashBf16 };
+  virtual void set_attention(Attention a) { (void)a; }
+
   // Makes this backend's device current on the calling thread (a CUDA device; nothing on the
   // CPU). A thread other than the one that made the backend calls it before its first call.
   virtual void bind_thread() {}

@@ -56,7 +56,9 @@ class CudaBackend final : public FusedBackend {
         alloc_(device),
         stream_(cuda::make_stream()),
         cublas_(cuda::make_cublas()),
-        attention_mode_(attention_mode_from_env()) {}
+        attention_mode_(attention_mode_from_env()),
+        env_attention_(std::getenv("STARLING_CUDA_ATTENTION") != nullptr &&
+                       *std::getenv("STARLING_CUDA_ATTENTION") != '\0') {}
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_.get());
@@ -149,6 +151,12 @@ class CudaBackend final : public FusedBackend {
   // cuBLAS everywhere (on the H200 faster at GPT-2's T = 1024 but 10 GB more), =bf16 the
   // tensor-core flash kernels (bf16 operands; measured slower than the fp32 ones so far). See
   // docs/cuda.md, "Flash attention".
+  void set_attention(Attention a) override {
+    if (env_attention_) return;  // STARLING_CUDA_ATTENTION takes precedence
+    attention_mode_ = a == Attention::kMaterialized ? AttentionMode::kMaterialized
+                      : a == Attention::kFlashBf16  ? AttentionMode::kBf16
+                                                    : AttentionMode::kFlash;
+  }
   bool flash(int c, int h) const {
     return attention_mode_ != AttentionMode::kMaterialized &&
            cuda::flash_attention_supported(c / h);
@@ -320,6 +328,7 @@ class CudaBackend final : public FusedBackend {
   cuda::Stream stream_;
   cuda::CublasHandle cublas_;
   AttentionMode attention_mode_ = AttentionMode::kFlash;
+  bool env_attention_ = false;
   void* scratch_ = nullptr;
   void* zeros_ = nullptr;  // zero_rows()
   size_t zero_elems_ = 0;

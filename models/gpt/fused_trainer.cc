@@ -91,6 +91,7 @@ class FusedRanksEngine final : public GptEngine {
       } else {
         backend = make_fused_cpu_backend();
       }
+      backend->set_attention(fused_attention(tc));
       ASSIGN_OR_RETURN(auto model, FusedGpt::make(gc, tc.batch_size() / n, gc.block_size, tc.seed(),
                                                   std::move(backend)));
       RETURN_IF_ERROR(model->set_bf16_matmuls(tc.precision() == v1::TrainConfig::BF16));
@@ -217,6 +218,18 @@ class FusedRanksEngine final : public GptEngine {
 
 }  // namespace
 
+FusedBackend::Attention fused_attention(const v1::TrainConfig& tc) {
+  switch (tc.attention()) {
+    case v1::TrainConfig::MATERIALIZED:
+      return FusedBackend::Attention::kMaterialized;
+    case v1::TrainConfig::FLASH_BF16:
+      return FusedBackend::Attention::kFlashBf16;
+    case v1::TrainConfig::FLASH:
+      break;
+  }
+  return FusedBackend::Attention::kFlash;
+}
+
 GptEngineFactory fused_engine_factory(const FusedTrainOptions& options) {
   return [options](const GptConfig& gc,
                    const v1::RunConfig& cfg) -> Result<std::unique_ptr<GptEngine>> {
@@ -236,6 +249,7 @@ GptEngineFactory fused_engine_factory(const FusedTrainOptions& options) {
     } else {
       backend = make_fused_cpu_backend();
     }
+    backend->set_attention(fused_attention(tc));
     ASSIGN_OR_RETURN(auto model, FusedGpt::make(gc, tc.batch_size(), gc.block_size, tc.seed(),
                                                 std::move(backend)));
     RETURN_IF_ERROR(model->set_bf16_matmuls(tc.precision() == v1::TrainConfig::BF16));

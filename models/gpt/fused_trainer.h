@@ -8,6 +8,7 @@
 
 #include "core/util/status.h"
 #include "core/wire/config.pb.h"
+#include "models/gpt/fused_backend.h"
 #include "models/gpt/trainer.h"
 
 namespace starling::models {
@@ -32,6 +33,9 @@ struct FusedTrainOptions {
 // The engine for train_gpt (GptEngineFactory): the checks above, then a FusedGpt on the chosen
 // backend.
 GptEngineFactory fused_engine_factory(const FusedTrainOptions& options);
+
+// train.attention for a fused backend (FusedBackend::set_attention).
+FusedBackend::Attention fused_attention(const v1::TrainConfig& tc);
 
 Result<TrainSummary> train_gpt_fused(const v1::RunConfig& config, const std::string& config_source,
                                      const FusedTrainOptions& options);

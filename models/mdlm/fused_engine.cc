@@ -234,6 +234,7 @@ MdlmEngineFactory fused_mdlm_engine_factory(const FusedTrainOptions& options) {
     } else {
       backend = make_fused_cpu_backend();
     }
+    backend->set_attention(fused_attention(tc));
     ASSIGN_OR_RETURN(auto model,
                      FusedMdlm::make(mc, tc.batch_size(), tc.seed(), std::move(backend)));
     RETURN_IF_ERROR(model->trunk().set_bf16_matmuls(tc.precision() == v1::TrainConfig::BF16));

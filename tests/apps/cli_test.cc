@@ -135,6 +135,18 @@ TEST_CASE("cli: train --ranks 2 trains data-parallel and checkpoints, bad reques
   REQUIRE(fused_ranks.rc == 0);
   REQUIRE_THAT(fused_ranks.out, Catch::Contains("(fused, cpu, 2 ranks)"));
   REQUIRE(fs::exists(d / "fused2" / "ckpt.safetensors"));
+  // train.attention picks the GPU's attention path (the CPU backend has one): accepted here,
+  // typos refused by key.
+  Run attention = run("train -c " + (d / "tiny.toml").string() +
+                      " --set train.engine=fused --set train.attention=materialized --set "
+                      "train.out_dir=" +
+                      (d / "fused_att").string());
+  INFO(attention.out);
+  REQUIRE(attention.rc == 0);
+  Run attention_typo = run("train -c " + (d / "tiny.toml").string() +
+                           " --set train.engine=fused --set train.attention=flashy");
+  REQUIRE(attention_typo.rc != 0);
+  REQUIRE_THAT(attention_typo.out, Catch::Contains("attention"));
   Run fused_odd =
       run("train -c " + (d / "tiny.toml").string() + " --set train.engine=fused --ranks 3");
   REQUIRE(fused_odd.rc != 0);
