@@ -2,7 +2,6 @@
 // with the CPU emulation test): the forward, Delta, dQ, dV and dK passes, each a grid of
 // (B * H, ceil(T / kRows)) blocks of kRows threads, one row per thread, K/V (or Q/dO) tiles in
 // shared memory. Head sizes up to 128, dispatched on DM in {16, 32, 64, 128}.
-#include <cmath>
 #include <type_traits>
 
 #include "core/cuda/check.h"
@@ -107,19 +106,6 @@ void by_width(int d, F&& f) {
   } else {
     f(std::integral_constant<int, 128>{});
   }
-}
-
-flash::Shape make_shape(int b, int t, int c, int h, AttnMaskKind mask, int block) {
-  flash::Shape s;
-  s.b = b;
-  s.t = t;
-  s.c = c;
-  s.h = h;
-  s.d = c / h;
-  s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d)));
-  s.mask = static_cast<int>(mask);
-  s.block = block > 0 ? block : 1;
-  return s;
 }
 
 void launch_delta(float* delta, const float* dout, const float* out, const flash::Shape& s,
@@ -272,40 +258,61 @@ void tc_backward_dp(float* dqkv, const float* qkv, const float* dout, const floa
 
 bool flash_attention_supported(int head_dim) { return head_dim >= 1 && head_dim <= 128; }
 
+namespace {
+
+// Both families: the fp32 kernels, or with `tensor_cores` the bf16 WMMA ones.
+void forward(bool tensor_cores, float* out, float* lse, const float* qkv, int b, int t, int c,
+             int h, AttnMaskKind mask, int block, cudaStream_t stream) {
+  if (b == 0 || t == 0) return;
+  const flash::Shape s = flash::shape_of(b, t, c, h, static_cast<int>(mask), block);
+  by_width(s.d, [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    if (tensor_cores) {
+      tc_forward_dp<W>(out, lse, qkv, s, stream);
+    } else {
+      forward_dm<W>(out, lse, qkv, s, stream);
+    }
+  });
+}
+
+void backward(bool tensor_cores, float* dqkv, float* delta, const float* dout, const float* qkv,
+              const float* out, const float* lse, int b, int t, int c, int h, AttnMaskKind mask,
+              int block, cudaStream_t stream) {
+  if (b == 0 || t == 0) return;
+  const flash::Shape s = flash::shape_of(b, t, c, h, static_cast<int>(mask), block);
+  launch_delta(delta, dout, out, s, stream);
+  by_width(s.d, [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    if (tensor_cores) {
+      tc_backward_dp<W>(dqkv, qkv, dout, lse, delta, s, stream);
+    } else {
+      backward_dm<W>(dqkv, qkv, dout, lse, delta, s, stream);
+    }
+  });
+}
+
+}  // namespace
+
 void flash_attention_forward(float* out, float* lse, const float* qkv, int b, int t, int c, int h,
                              AttnMaskKind mask, int block, cudaStream_t stream) {
-  if (b == 0 || t == 0) return;
-  const flash::Shape s = make_shape(b, t, c, h, mask, block);
-  by_width(s.d, [&](auto w) { forward_dm<decltype(w)::value>(out, lse, qkv, s, stream); });
+  forward(false, out, lse, qkv, b, t, c, h, mask, block, stream);
 }
 
 void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* qkv,
                               const float* out, const float* lse, int b, int t, int c, int h,
                               AttnMaskKind mask, int block, cudaStream_t stream) {
-  if (b == 0 || t == 0) return;
-  const flash::Shape s = make_shape(b, t, c, h, mask, block);
-  launch_delta(delta, dout, out, s, stream);
-  by_width(s.d, [&](auto w) {
-    backward_dm<decltype(w)::value>(dqkv, qkv, dout, lse, delta, s, stream);
-  });
+  backward(false, dqkv, delta, dout, qkv, out, lse, b, t, c, h, mask, block, stream);
 }
 
 void flash_attention_forward_bf16(float* out, float* lse, const float* qkv, int b, int t, int c,
                                   int h, AttnMaskKind mask, int block, cudaStream_t stream) {
-  if (b == 0 || t == 0) return;
-  const flash::Shape s = make_shape(b, t, c, h, mask, block);
-  by_width(s.d, [&](auto w) { tc_forward_dp<decltype(w)::value>(out, lse, qkv, s, stream); });
+  forward(true, out, lse, qkv, b, t, c, h, mask, block, stream);
 }
 
 void flash_attention_backward_bf16(float* dqkv, float* delta, const float* dout, const float* qkv,
                                    const float* out, const float* lse, int b, int t, int c, int h,
                                    AttnMaskKind mask, int block, cudaStream_t stream) {
-  if (b == 0 || t == 0) return;
-  const flash::Shape s = make_shape(b, t, c, h, mask, block);
-  launch_delta(delta, dout, out, s, stream);
-  by_width(s.d, [&](auto w) {
-    tc_backward_dp<decltype(w)::value>(dqkv, qkv, dout, lse, delta, s, stream);
-  });
+  backward(true, dqkv, delta, dout, qkv, out, lse, b, t, c, h, mask, block, stream);
 }
 
 }  // namespace starling::cuda

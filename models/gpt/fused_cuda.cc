@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <string_view>
 
 #include "core/cuda/allocator.h"
@@ -34,19 +35,17 @@ cuda::AttnMaskKind mask_kind(const ops::AttnMask& mask) {
   return cuda::AttnMaskKind::kFull;
 }
 
-enum class AttentionMode { kFlash, kMaterialized, kBf16 };
-
-// STARLING_CUDA_ATTENTION: unset or "flash" (the fp32 flash kernels), "materialized" or "bf16";
-// another value is a typo and says so.
-AttentionMode attention_mode_from_env() {
+// STARLING_CUDA_ATTENTION: "flash", "materialized" or "bf16" (the tensor-core flash kernels);
+// nothing when unset, empty or a typo (which says so).
+std::optional<FusedBackend::Attention> attention_from_env() {
   const char* v = std::getenv("STARLING_CUDA_ATTENTION");
-  if (v == nullptr || *v == '\0') return AttentionMode::kFlash;
+  if (v == nullptr || *v == '\0') return std::nullopt;
   const std::string_view s(v);
-  if (s == "flash") return AttentionMode::kFlash;
-  if (s == "materialized") return AttentionMode::kMaterialized;
-  if (s == "bf16") return AttentionMode::kBf16;
-  spdlog::warn("STARLING_CUDA_ATTENTION={}: not flash, materialized or bf16; using flash", s);
-  return AttentionMode::kFlash;
+  if (s == "flash") return FusedBackend::Attention::kFlash;
+  if (s == "materialized") return FusedBackend::Attention::kMaterialized;
+  if (s == "bf16") return FusedBackend::Attention::kFlashBf16;
+  spdlog::warn("STARLING_CUDA_ATTENTION={}: not flash, materialized or bf16; ignored", s);
+  return std::nullopt;
 }
 
 class CudaBackend final : public FusedBackend {
@@ -56,9 +55,8 @@ class CudaBackend final : public FusedBackend {
         alloc_(device),
         stream_(cuda::make_stream()),
         cublas_(cuda::make_cublas()),
-        attention_mode_(attention_mode_from_env()),
-        env_attention_(std::getenv("STARLING_CUDA_ATTENTION") != nullptr &&
-                       *std::getenv("STARLING_CUDA_ATTENTION") != '\0') {}
+        env_attention_(attention_from_env()),
+        attention_(env_attention_.value_or(Attention::kFlash)) {}
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_.get());
@@ -152,16 +150,12 @@ class CudaBackend final : public FusedBackend {
   // tensor-core flash kernels (bf16 operands; measured slower than the fp32 ones so far). See
   // docs/cuda.md, "Flash attention".
   void set_attention(Attention a) override {
-    if (env_attention_) return;  // STARLING_CUDA_ATTENTION takes precedence
-    attention_mode_ = a == Attention::kMaterialized ? AttentionMode::kMaterialized
-                      : a == Attention::kFlashBf16  ? AttentionMode::kBf16
-                                                    : AttentionMode::kFlash;
+    if (!env_attention_) attention_ = a;  // STARLING_CUDA_ATTENTION takes precedence
   }
   bool flash(int c, int h) const {
-    return attention_mode_ != AttentionMode::kMaterialized &&
-           cuda::flash_attention_supported(c / h);
+    return attention_ != Attention::kMaterialized && cuda::flash_attention_supported(c / h);
   }
-  bool flash_bf16() const { return attention_mode_ == AttentionMode::kBf16; }
+  bool flash_bf16() const { return attention_ == Attention::kFlashBf16; }
   size_t attention_state_floats(int b, int t, int c, int h) const override {
     return flash(c, h) ? static_cast<size_t>(b) * h * t
                        : FusedBackend::attention_state_floats(b, t, c, h);
@@ -327,8 +321,8 @@ class CudaBackend final : public FusedBackend {
   size_t bf16_bytes_ = 0;
   cuda::Stream stream_;
   cuda::CublasHandle cublas_;
-  AttentionMode attention_mode_ = AttentionMode::kFlash;
-  bool env_attention_ = false;
+  std::optional<Attention> env_attention_;  // set: it wins over set_attention
+  Attention attention_ = Attention::kFlash;
   void* scratch_ = nullptr;
   void* zeros_ = nullptr;  // zero_rows()
   size_t zero_elems_ = 0;

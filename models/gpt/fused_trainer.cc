@@ -21,6 +21,23 @@ namespace starling::models {
 
 namespace {
 
+// One FusedGpt of `rows` rows on the CPU backend or GPU `gpu`, with train.attention and
+// train.precision applied.
+Result<std::unique_ptr<FusedGpt>> make_engine(const GptConfig& gc, const v1::TrainConfig& tc,
+                                              int64_t rows, bool cuda, int gpu) {
+  std::unique_ptr<FusedBackend> backend;
+  if (cuda) {
+    ASSIGN_OR_RETURN(backend, make_fused_cuda_backend(gpu));
+  } else {
+    backend = make_fused_cpu_backend();
+  }
+  backend->set_attention(fused_attention(tc));
+  ASSIGN_OR_RETURN(auto model,
+                   FusedGpt::make(gc, rows, gc.block_size, tc.seed(), std::move(backend)));
+  RETURN_IF_ERROR(model->set_bf16_matmuls(tc.precision() == v1::TrainConfig::BF16));
+  return model;
+}
+
 class FusedEngine final : public GptEngine {
  public:
   FusedEngine(std::unique_ptr<FusedGpt> model, const GptConfig& gc, const v1::TrainConfig& tc)
@@ -84,17 +101,10 @@ class FusedRanksEngine final : public GptEngine {
     e->group_ = std::make_unique<comm::ThreadGroup>(n, std::chrono::minutes(10));
     for (int r = 0; r < n; ++r) {
       e->boot_.push_back(e->group_->communicator(r));
-      std::unique_ptr<FusedBackend> backend;
-      if (cuda) {
-        ASSIGN_OR_RETURN(backend, make_fused_cuda_backend(o.gpus[static_cast<size_t>(r)]),
-                         "rank " + std::to_string(r));
-      } else {
-        backend = make_fused_cpu_backend();
-      }
-      backend->set_attention(fused_attention(tc));
-      ASSIGN_OR_RETURN(auto model, FusedGpt::make(gc, tc.batch_size() / n, gc.block_size, tc.seed(),
-                                                  std::move(backend)));
-      RETURN_IF_ERROR(model->set_bf16_matmuls(tc.precision() == v1::TrainConfig::BF16));
+      ASSIGN_OR_RETURN(
+          auto model,
+          make_engine(gc, tc, tc.batch_size() / n, cuda, cuda ? o.gpus[static_cast<size_t>(r)] : 0),
+          "rank " + std::to_string(r));
       e->replicas_.push_back(std::move(model));
     }
     e->comms_.resize(static_cast<size_t>(n));
@@ -242,17 +252,8 @@ GptEngineFactory fused_engine_factory(const FusedTrainOptions& options) {
     if ((options.cuda && options.gpus.size() > 1) || (!options.cuda && options.ranks > 1)) {
       return FusedRanksEngine::make(gc, tc, options);
     }
-    std::unique_ptr<FusedBackend> backend;
-    if (options.cuda) {
-      ASSIGN_OR_RETURN(
-          backend, make_fused_cuda_backend(options.gpus.empty() ? options.gpu : options.gpus[0]));
-    } else {
-      backend = make_fused_cpu_backend();
-    }
-    backend->set_attention(fused_attention(tc));
-    ASSIGN_OR_RETURN(auto model, FusedGpt::make(gc, tc.batch_size(), gc.block_size, tc.seed(),
-                                                std::move(backend)));
-    RETURN_IF_ERROR(model->set_bf16_matmuls(tc.precision() == v1::TrainConfig::BF16));
+    ASSIGN_OR_RETURN(auto model, make_engine(gc, tc, tc.batch_size(), options.cuda,
+                                             options.gpus.empty() ? options.gpu : options.gpus[0]));
     return std::unique_ptr<GptEngine>(std::make_unique<FusedEngine>(std::move(model), gc, tc));
   };
 }

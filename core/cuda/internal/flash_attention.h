@@ -44,6 +44,21 @@ struct Shape {
   int block = 1;  // block length of the block masks
 };
 
+// The shape of B sequences of T rows, C channels in H heads, under `mask` (a MaskKind) with
+// block length `block` (used by the block masks; below 1 reads as 1). Host only.
+inline Shape shape_of(int b, int t, int c, int h, int mask, int block) {
+  Shape s;
+  s.b = b;
+  s.t = t;
+  s.c = c;
+  s.h = h;
+  s.d = c / h;
+  s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d)));
+  s.mask = mask;
+  s.block = block > 0 ? block : 1;
+  return s;
+}
+
 STARLING_FLASH_HD float exp_f(float x) {
 #if defined(__CUDA_ARCH__)
   return expf(x);

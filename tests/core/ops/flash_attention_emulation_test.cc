@@ -258,15 +258,7 @@ void require_close(const std::vector<float>& got, const std::vector<double>& wan
 
 template <int DM>
 void check(int b, int t, int c, int h, const ops::AttnMask& mask, int kind) {
-  flash::Shape s;
-  s.b = b;
-  s.t = t;
-  s.c = c;
-  s.h = h;
-  s.d = c / h;
-  s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d)));
-  s.mask = kind;
-  s.block = static_cast<int>(mask.block);
+  const flash::Shape s = flash::shape_of(b, t, c, h, kind, static_cast<int>(mask.block));
   const size_t nqkv = size_t(b) * t * 3 * c, nout = size_t(b) * t * c;
   const auto qkv = randn(nqkv, 1000 + t), dout = randn(nout, 2000 + t);
   // Poisoned outputs: every element must be written.
