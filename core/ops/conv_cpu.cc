@@ -1,6 +1,11 @@
-// CPU conv2d: images are unfolded (im2col) a chunk of the batch at a time into a
-// (C_in kH kW, n H_out W_out) matrix, so one GEMM with the (C_out, C_in kH kW) weight serves
-// the whole chunk; the backward pass recomputes the columns instead of keeping them.
+// CPU conv2d. Float32 at stride 1 (every convolution of our U-Net but its two downsamplings, and
+// the MNIST CNN's) runs the direct kernels of internal/conv_kernels.h on zero-padded copies of
+// the images: the forward pass and the input gradient are correlations (the latter with the
+// kernel flipped and transposed), the weight gradient a sum of shifted products, and none of
+// them builds a column matrix. Everything else (float64, strides) unfolds images (im2col) a
+// chunk of the batch at a time into a (C_in kH kW, n H_out W_out) matrix, so one GEMM with the
+// (C_out, C_in kH kW) weight serves the whole chunk; its backward pass recomputes the columns
+// instead of keeping them.
 #include <omp.h>
 
 #include <algorithm>
@@ -10,6 +15,7 @@
 
 #include "core/autograd/autograd.h"
 #include "core/ops/conv.h"
+#include "core/ops/internal/conv_kernels.h"
 #include "core/ops/internal/op_util.h"
 #include "core/ops/matmul.h"
 
@@ -109,12 +115,171 @@ void col2im_add(const ConvGeom& g, const T* col, int64_t n0, int64_t n, T* gx) {
 // twice or three times). Holds the largest chunk seen on this thread, kColBudget-bounded.
 template <typename T>
 T* scratch(size_t slot, int64_t n) {
-  thread_local std::array<std::vector<T>, 2> buffers;
+  thread_local std::array<std::vector<T>, 4> buffers;
   std::vector<T>& b = buffers[slot];
   if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
   return b.data();
 }
 
+// ---- The direct float32 path (stride 1) ----
+
+using internal::kConvOutBlock;
+using internal::kConvQuantum;
+
+inline int64_t round_quantum(int64_t n) {
+  return (n + kConvQuantum - 1) / kConvQuantum * kConvQuantum;
+}
+
+// The flattened padded layout of one correlation: input planes of hp x wp (the image with ph
+// rows and pw columns of zeros each side) stored `plane` floats apart, outputs at p = y wp + x
+// for y < ho, x < wo, computed for p < npos.
+struct Flat {
+  int64_t h, w, ph, pw, hp, wp, ho, wo, npos, plane;
+  std::vector<int64_t> off;  // tap (i, j) at i wp + j
+};
+
+Flat flat_of(int64_t h, int64_t w, int64_t ph, int64_t pw, int64_t kh, int64_t kw) {
+  Flat f{h, w, ph, pw, h + 2 * ph, w + 2 * pw, 0, 0, 0, 0, {}};
+  f.ho = f.hp - kh + 1;
+  f.wo = f.wp - kw + 1;
+  f.npos = round_quantum((f.ho - 1) * f.wp + f.wo);
+  const int64_t max_off = (kh - 1) * f.wp + kw - 1;
+  f.plane = round_quantum(std::max(f.hp * f.wp, f.npos + max_off));
+  for (int64_t i = 0; i < kh; ++i)
+    for (int64_t j = 0; j < kw; ++j) f.off.push_back(i * f.wp + j);
+  return f;
+}
+
+// dst (channels x f.plane): the channels' h x w planes of src, zero-padded.
+void pad_planes(const Flat& f, const float* src, int64_t channels, float* dst) {
+  for (int64_t c = 0; c < channels; ++c) {
+    const float* s = src + c * f.h * f.w;
+    float* d = dst + c * f.plane;
+    std::fill(d, d + f.ph * f.wp + f.pw, 0.0f);
+    for (int64_t y = 0; y < f.h; ++y) {
+      float* row = d + (y + f.ph) * f.wp + f.pw;
+      std::copy(s + y * f.w, s + (y + 1) * f.w, row);
+      // This row's right padding and the next row's left padding.
+      std::fill(row + f.w, row + f.w + 2 * f.pw, 0.0f);
+    }
+    std::fill(d + (f.h + f.ph) * f.wp + f.pw, d + f.plane, 0.0f);
+  }
+}
+
+// Packs w (co, ci, kh, kw) as correlate's blocks of kConvOutBlock output channels; `flip`
+// packs the input gradient's kernel instead: ci outputs over co inputs, taps reversed.
+std::vector<float> pack_weights(const float* w, int64_t co, int64_t ci, int64_t taps, bool flip) {
+  const int64_t outs = flip ? ci : co, ins = flip ? co : ci;
+  const int64_t blocks = (outs + kConvOutBlock - 1) / kConvOutBlock;
+  std::vector<float> p(static_cast<size_t>(blocks * ins * taps * kConvOutBlock), 0.0f);
+  for (int64_t o = 0; o < outs; ++o)
+    for (int64_t c = 0; c < ins; ++c)
+      for (int64_t s = 0; s < taps; ++s) {
+        const float v = flip ? w[(c * ci + o) * taps + (taps - 1 - s)] : w[(o * ci + c) * taps + s];
+        p[static_cast<size_t>(((o / kConvOutBlock * ins + c) * taps + s) * kConvOutBlock +
+                              o % kConvOutBlock)] = v;
+      }
+  return p;
+}
+
+bool direct_path(const ConvGeom& g, DType t) {
+  return t == DType::kF32 && g.stride == 1 && g.pad < g.kh && g.pad < g.kw;
+}
+
+// dst (images, out_ch, f.ho, f.wo) = src (images, in_ch, f.h, f.w) correlated with the packed
+// weights, plus bias (or not).
+void correlate_images(const Flat& f, int64_t images, const float* src, int64_t in_ch,
+                      const std::vector<float>& wpk, int64_t out_ch, const float* bias,
+                      float* dst) {
+  const int64_t taps = static_cast<int64_t>(f.off.size());
+#pragma omp parallel for schedule(static) if (images > 1)
+  for (int64_t img = 0; img < images; ++img) {
+    float* in = scratch<float>(0, in_ch * f.plane);
+    float* tmp = scratch<float>(1, out_ch * f.npos);
+    pad_planes(f, src + img * in_ch * f.h * f.w, in_ch, in);
+    internal::correlate(
+        {in, f.plane, in_ch, f.off.data(), taps, wpk.data(), out_ch, tmp, f.npos, f.npos});
+    for (int64_t o = 0; o < out_ch; ++o) {
+      const float bv = bias ? bias[o] : 0.0f;
+      for (int64_t y = 0; y < f.ho; ++y) {
+        const float* row = tmp + o * f.npos + y * f.wp;
+        float* out = dst + ((img * out_ch + o) * f.ho + y) * f.wo;
+        for (int64_t xo = 0; xo < f.wo; ++xo) out[xo] = row[xo] + bv;
+      }
+    }
+  }
+}
+
+// out (b, co, ho, wo) = x (b, ci, h, w) correlated with w, plus bias.
+void direct_forward(const ConvGeom& g, const float* x, const float* w, const float* bias,
+                    float* out) {
+  const Flat f = flat_of(g.h, g.w, g.pad, g.pad, g.kh, g.kw);
+  correlate_images(f, g.b, x, g.ci, pack_weights(w, g.co, g.ci, g.kh * g.kw, false), g.co, bias,
+                   out);
+}
+
+// gx (b, ci, h, w) = gy correlated with w flipped and transposed, at padding k - 1 - pad.
+void direct_input_grad(const ConvGeom& g, const float* gy, const float* w, float* gx) {
+  const Flat f = flat_of(g.ho, g.wo, g.kh - 1 - g.pad, g.kw - 1 - g.pad, g.kh, g.kw);
+  correlate_images(f, g.b, gy, g.co, pack_weights(w, g.co, g.ci, g.kh * g.kw, true), g.ci, nullptr,
+                   gx);
+}
+
+// gw (co, ci, kh, kw) = sum over images and outputs of gy times the shifted inputs.
+void direct_weight_grad(const ConvGeom& g, const float* x, const float* gy, float* gw) {
+  const Flat f = flat_of(g.h, g.w, g.pad, g.pad, g.kh, g.kw);
+  const int64_t taps = g.kh * g.kw;
+  float* xs = scratch<float>(2, g.b * g.ci * f.plane);
+  float* gs = scratch<float>(3, g.b * g.co * f.npos);
+#pragma omp parallel for schedule(static) if (g.b > 1)
+  for (int64_t img = 0; img < g.b; ++img) {
+    pad_planes(f, x + img * g.ci * g.h * g.w, g.ci, xs + img * g.ci * f.plane);
+    for (int64_t o = 0; o < g.co; ++o) {
+      float* d = gs + (img * g.co + o) * f.npos;
+      std::fill(d, d + f.npos, 0.0f);
+      for (int64_t y = 0; y < g.ho; ++y) {
+        const float* s = gy + ((img * g.co + o) * g.ho + y) * g.wo;
+        std::copy(s, s + g.wo, d + y * f.wp);
+      }
+    }
+  }
+  constexpr int64_t kPair = 2;  // output channels per task: the widest weight_grad tile
+  const int64_t pairs = (g.co + kPair - 1) / kPair;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t op = 0; op < pairs; ++op)
+    for (int64_t c = 0; c < g.ci; ++c)
+      internal::weight_grad({gs, f.npos, g.co * f.npos, xs, f.plane, g.ci * f.plane, g.b, f.npos,
+                             f.off.data(), taps, g.ci, op * kPair, std::min(g.co, (op + 1) * kPair),
+                             c, c + 1, gw});
+}
+
+// The three gradients of the direct path; every element of gx and gw is written.
+std::vector<Tensor> direct_backward(const ConvGeom& g, const Tensor& x, const Tensor& w,
+                                    const Tensor& gy, bool has_bias, bool need_x, bool need_w) {
+  Tensor gx, gw, gb;
+  const float* pg = gy.data<float>();
+  if (need_x) {
+    gx = Tensor::uninitialized(x.shape(), DType::kF32);
+    direct_input_grad(g, pg, w.data<float>(), gx.data<float>());
+  }
+  if (need_w) {
+    gw = Tensor::uninitialized(w.shape(), DType::kF32);
+    direct_weight_grad(g, x.data<float>(), pg, gw.data<float>());
+  }
+  if (has_bias) {
+    gb = Tensor::zeros({g.co}, DType::kF32);
+    float* pb = gb.data<float>();
+    const int64_t hwo = g.hw_out();
+    for (int64_t img = 0; img < g.b; ++img)
+      for (int64_t o = 0; o < g.co; ++o) {
+        const float* row = pg + (img * g.co + o) * hwo;
+        float s = 0;
+        for (int64_t p = 0; p < hwo; ++p) s += row[p];
+        pb[o] += s;
+      }
+  }
+  return {gx, gw, gb};
+}
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride,
@@ -152,36 +317,45 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
   const Tensor xc = x.contiguous(), wc = w.contiguous();
   const Tensor bc = has_bias ? bias.contiguous() : Tensor();
   Tensor out = Tensor::uninitialized({g.b, g.co, g.ho, g.wo}, x.dtype());
-  dispatch_float(x.dtype(), op, [&]<typename T>() {
-    const int64_t chunk = g.chunk(), hwo = g.hw_out();
-    T* col = scratch<T>(0, g.krows() * chunk * hwo);
-    T* tmp = scratch<T>(1, g.co * chunk * hwo);
-    const T* px = xc.data<T>();
-    const T* pw = wc.data<T>();
-    const T* pb = has_bias ? bc.data<T>() : nullptr;
-    T* po = out.data<T>();
-    for (int64_t n0 = 0; n0 < g.b; n0 += chunk) {
-      const int64_t n = std::min(chunk, g.b - n0), cols = n * hwo;
-      im2col<T>(g, px, n0, n, col);
-      // tmp (co, n hwo) = W (co, krows) x col (krows, n hwo)
-      gemm<T>(false, false, g.co, cols, g.krows(), T(1), pw, g.krows(), col, cols, T(0), tmp, cols);
+  const bool direct = direct_path(g, x.dtype());
+  if (direct) {
+    direct_forward(g, xc.data<float>(), wc.data<float>(), has_bias ? bc.data<float>() : nullptr,
+                   out.data<float>());
+  } else {
+    dispatch_float(x.dtype(), op, [&]<typename T>() {
+      const int64_t chunk = g.chunk(), hwo = g.hw_out();
+      T* col = scratch<T>(0, g.krows() * chunk * hwo);
+      T* tmp = scratch<T>(1, g.co * chunk * hwo);
+      const T* px = xc.data<T>();
+      const T* pw = wc.data<T>();
+      const T* pb = has_bias ? bc.data<T>() : nullptr;
+      T* po = out.data<T>();
+      for (int64_t n0 = 0; n0 < g.b; n0 += chunk) {
+        const int64_t n = std::min(chunk, g.b - n0), cols = n * hwo;
+        im2col<T>(g, px, n0, n, col);
+        // tmp (co, n hwo) = W (co, krows) x col (krows, n hwo)
+        gemm<T>(false, false, g.co, cols, g.krows(), T(1), pw, g.krows(), col, cols, T(0), tmp,
+                cols);
 #pragma omp parallel for collapse(2) if (g.co * cols > (1 << 15))
-      for (int64_t img = 0; img < n; ++img) {
-        for (int64_t o = 0; o < g.co; ++o) {
-          const T* src = tmp + o * cols + img * hwo;
-          T* dst = po + ((n0 + img) * g.co + o) * hwo;
-          const T bv = pb ? pb[o] : T(0);
-          for (int64_t p = 0; p < hwo; ++p) dst[p] = src[p] + bv;
+        for (int64_t img = 0; img < n; ++img) {
+          for (int64_t o = 0; o < g.co; ++o) {
+            const T* src = tmp + o * cols + img * hwo;
+            T* dst = po + ((n0 + img) * g.co + o) * hwo;
+            const T bv = pb ? pb[o] : T(0);
+            for (int64_t p = 0; p < hwo; ++p) dst[p] = src[p] + bv;
+          }
         }
       }
-    }
-  });
+    });
+  }
   if (!autograd::needs_grad({&x, &w, &bias})) return out;
   const bool need_x = x.requires_grad(), need_w = w.requires_grad();
   const Tensor dx = xc.detach(), dw = wc.detach();
   return autograd::record(out, op, {x, w, bias},
-                          [dx, dw, g, has_bias, need_x, need_w](const Tensor& grad) {
+                          [dx, dw, g, has_bias, need_x, need_w, direct](const Tensor& grad) {
                             const Tensor gc = grad.contiguous();
+                            if (direct)
+                              return direct_backward(g, dx, dw, gc, has_bias, need_x, need_w);
                             Tensor gx = need_x ? Tensor::zeros(dx.shape(), dx.dtype()) : Tensor();
                             Tensor gw = Tensor::zeros(dw.shape(), dw.dtype());
                             Tensor gb = has_bias ? Tensor::zeros({g.co}, dw.dtype()) : Tensor();

@@ -1,0 +1,31 @@
+// The direct convolution kernels (core/ops/internal/conv_kernels.h) on GCC's portable vectors of
+// 4 floats: NEON on arm64, SSE2 on x86 without AVX2, scalar code elsewhere. Built with the
+// project's default flags; the fallback every CPU can run.
+#include "core/ops/internal/conv_kernels_impl.h"
+
+namespace starling::ops::internal {
+namespace {
+
+struct Generic {
+  typedef float T __attribute__((vector_size(16)));
+  static constexpr int L = 4;
+  static constexpr int kCorrVecs = 2;
+  static constexpr int kGradOuts = 1;
+  static T load(const float* p) {
+    T v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static void store(float* p, T v) { __builtin_memcpy(p, &v, sizeof v); }
+  static T bcast(const float* p) { return T{} + *p; }
+  static T fma(T a, T b, T c) { return a * b + c; }
+  static T zero() { return T{}; }
+  static float hsum(T v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+};
+
+}  // namespace
+
+void correlate_generic(const CorrelateArgs& a) { correlate_impl<Generic>(a); }
+void weight_grad_generic(const WeightGradArgs& a) { weight_grad_impl<Generic>(a); }
+
+}  // namespace starling::ops::internal

@@ -1,0 +1,117 @@
+// The direct float32 convolution kernels (core/ops/internal/conv_kernels.h) on every instruction
+// set this CPU runs: the output and all three gradients against float64 (the im2col path, whose
+// gradients the float64 finite-difference checks in conv_test.cc cover), and the same bits for
+// one and two threads.
+#include <omp.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "core/autograd/autograd.h"
+#include "core/ops/conv.h"
+#include "core/ops/internal/conv_kernels.h"
+#include "core/ops/ops.h"
+#include "tests/testing/gradcheck.h"
+
+namespace starling::ops {
+namespace {
+
+using internal::ConvIsa;
+using testing::rand64;
+
+struct Grads {
+  Tensor y, gx, gw, gb;
+};
+
+// y = conv2d(x, w, b) and the gradients of sum(y * r), in x's dtype.
+Grads run(const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& r, int64_t pad) {
+  Tensor x = x0.detach(), w = w0.detach(), b = b0.detach();
+  x.set_requires_grad(true);
+  w.set_requires_grad(true);
+  b.set_requires_grad(true);
+  const Tensor y = conv2d(x, w, b, 1, pad);
+  autograd::backward(sum(mul(y, r.to(y.dtype()))));
+  return {y.detach(), x.grad(), w.grad(), b.grad()};
+}
+
+// Largest |a - b| over the largest |b| (1 at least).
+double rel_diff(const Tensor& a, const Tensor& b) {
+  const auto va = a.to_double_vector(), vb = b.to_double_vector();
+  REQUIRE(va.size() == vb.size());
+  double err = 0, scale = 1;
+  for (size_t i = 0; i < va.size(); ++i) {
+    err = std::max(err, std::abs(va[i] - vb[i]));
+    scale = std::max(scale, std::abs(vb[i]));
+  }
+  return err / scale;
+}
+
+struct IsaGuard {
+  ConvIsa before;
+  explicit IsaGuard(ConvIsa isa) : before(internal::force_conv_isa(isa)) {}
+  ~IsaGuard() { internal::force_conv_isa(before); }
+};
+
+TEST_CASE("direct conv2d kernels match float64 on every instruction set", "[ops]") {
+  struct Case {
+    Shape x, w;
+    int64_t pad;
+  };
+  // 3x3 and 5x5 "same" convolutions as the U-Net and the CNN use, 1x1, no padding, an
+  // asymmetric kernel, output channels not a multiple of the 4-channel block, one input channel,
+  // widths that leave partial vectors, and images smaller than one vector.
+  const auto c = GENERATE(Case{{3, 5, 9, 11}, {6, 5, 3, 3}, 1}, Case{{2, 3, 14, 14}, {7, 3, 5, 5}, 2},
+                          Case{{2, 6, 7, 7}, {4, 6, 1, 1}, 0}, Case{{2, 2, 6, 9}, {5, 2, 3, 3}, 0},
+                          Case{{1, 3, 8, 5}, {3, 3, 2, 3}, 1}, Case{{4, 1, 28, 28}, {9, 1, 3, 3}, 1},
+                          Case{{3, 8, 3, 2}, {1, 8, 3, 3}, 1}, Case{{2, 4, 7, 7}, {13, 4, 3, 3}, 2});
+  CAPTURE(shape_str(c.x), shape_str(c.w), c.pad);
+  const Tensor x = rand64(c.x, 1), w = rand64(c.w, 2, 0.5), b = rand64({c.w[0]}, 3);
+  const int64_t ho = c.x[2] + 2 * c.pad - c.w[2] + 1, wo = c.x[3] + 2 * c.pad - c.w[3] + 1;
+  const Tensor r = rand64({c.x[0], c.w[0], ho, wo}, 4);
+  const Grads ref = run(x, w, b, r, c.pad);
+  for (ConvIsa isa : {ConvIsa::kGeneric, ConvIsa::kAvx2, ConvIsa::kAvx512}) {
+    if (!internal::conv_isa_supported(isa)) continue;
+    CAPTURE(internal::conv_isa_name(isa));
+    const IsaGuard guard(isa);
+    const Grads got =
+        run(x.to(DType::kF32), w.to(DType::kF32), b.to(DType::kF32), r.to(DType::kF32), c.pad);
+    CHECK(rel_diff(got.y, ref.y) < 1e-5);
+    CHECK(rel_diff(got.gx, ref.gx) < 1e-5);
+    CHECK(rel_diff(got.gw, ref.gw) < 1e-5);
+    CHECK(rel_diff(got.gb, ref.gb) < 1e-5);
+  }
+}
+
+TEST_CASE("direct conv2d gives the same bits on one and two threads", "[ops]") {
+  const Tensor x = rand64({5, 6, 12, 10}, 7).to(DType::kF32);
+  const Tensor w = rand64({10, 6, 3, 3}, 8).to(DType::kF32), b = rand64({10}, 9).to(DType::kF32);
+  const Tensor r = rand64({5, 10, 12, 10}, 10).to(DType::kF32);
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const Grads one = run(x, w, b, r, 1);
+  omp_set_num_threads(2);
+  const Grads two = run(x, w, b, r, 1);
+  omp_set_num_threads(before);
+  CHECK(max_abs_diff(one.y, two.y) == 0.0);
+  CHECK(max_abs_diff(one.gx, two.gx) == 0.0);
+  CHECK(max_abs_diff(one.gw, two.gw) == 0.0);
+  CHECK(max_abs_diff(one.gb, two.gb) == 0.0);
+}
+
+TEST_CASE("direct conv2d: the input alone, or the weight alone, may need a gradient", "[ops]") {
+  const Tensor x = rand64({2, 3, 6, 6}, 11).to(DType::kF32);
+  const Tensor w = rand64({4, 3, 3, 3}, 12).to(DType::kF32);
+  const Grads both = run(x, w, Tensor::zeros({4}), Tensor::ones({2, 4, 6, 6}), 1);
+  Tensor xg = x.detach();
+  xg.set_requires_grad(true);
+  autograd::backward(sum(conv2d(xg, w, Tensor(), 1, 1)));
+  CHECK(max_abs_diff(xg.grad(), both.gx) == 0.0);
+  Tensor wg = w.detach();
+  wg.set_requires_grad(true);
+  autograd::backward(sum(conv2d(x, wg, Tensor(), 1, 1)));
+  CHECK(max_abs_diff(wg.grad(), both.gw) == 0.0);
+}
+
+}  // namespace
+}  // namespace starling::ops
