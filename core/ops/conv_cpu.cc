@@ -225,32 +225,38 @@ void direct_input_grad(const ConvGeom& g, const float* gy, const float* w, float
                    gx);
 }
 
-// gw (co, ci, kh, kw) = sum over images and outputs of gy times the shifted inputs.
+// gw (co, ci, kh, kw) = sum over images and outputs of gy times the shifted inputs, computed
+// transposed (output channels in the vector lanes) from gy transposed to (b, ho, wo, co).
 void direct_weight_grad(const ConvGeom& g, const float* x, const float* gy, float* gw) {
   const Flat f = flat_of(g.h, g.w, g.pad, g.pad, g.kh, g.kw);
-  const int64_t taps = g.kh * g.kw;
+  const int64_t taps = g.kh * g.kw, hwo = g.hw_out(), co_stride = round_quantum(g.co);
   float* xs = scratch<float>(2, g.b * g.ci * f.plane);
-  float* gs = scratch<float>(3, g.b * g.co * f.npos);
+  float* gt = scratch<float>(3, g.b * hwo * co_stride);
 #pragma omp parallel for schedule(static) if (g.b > 1)
   for (int64_t img = 0; img < g.b; ++img) {
     pad_planes(f, x + img * g.ci * g.h * g.w, g.ci, xs + img * g.ci * f.plane);
-    for (int64_t o = 0; o < g.co; ++o) {
-      float* d = gs + (img * g.co + o) * f.npos;
-      std::fill(d, d + f.npos, 0.0f);
-      for (int64_t y = 0; y < g.ho; ++y) {
-        const float* s = gy + ((img * g.co + o) * g.ho + y) * g.wo;
-        std::copy(s, s + g.wo, d + y * f.wp);
-      }
+    float* t = gt + img * hwo * co_stride;
+    const float* s = gy + img * g.co * hwo;
+    for (int64_t p = 0; p < hwo; ++p) {
+      float* row = t + p * co_stride;
+      for (int64_t o = 0; o < g.co; ++o) row[o] = s[o * hwo + p];
+      std::fill(row + g.co, row + co_stride, 0.0f);
     }
   }
-  constexpr int64_t kPair = 2;  // output channels per task: the widest weight_grad tile
-  const int64_t pairs = (g.co + kPair - 1) / kPair;
+  // Tasks of (16 output channels, a few input channels): about 9 kernel rows each, one
+  // register tile of the widest kernel.
+  const int64_t row_taps = (g.kw == 3 || g.kw == 5) ? g.kh : taps;
+  const int64_t group = std::max<int64_t>(1, 9 / row_taps);
+  const int64_t groups = (g.ci + group - 1) / group, ovecs = co_stride / kConvQuantum;
+  std::vector<float> dwt(static_cast<size_t>(g.ci * taps * co_stride));
 #pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t op = 0; op < pairs; ++op)
-    for (int64_t c = 0; c < g.ci; ++c)
-      internal::weight_grad({gs, f.npos, g.co * f.npos, xs, f.plane, g.ci * f.plane, g.b, f.npos,
-                             f.off.data(), taps, g.ci, op * kPair, std::min(g.co, (op + 1) * kPair),
-                             c, c + 1, gw});
+  for (int64_t ov = 0; ov < ovecs; ++ov)
+    for (int64_t cg = 0; cg < groups; ++cg)
+      internal::weight_grad({gt, co_stride, xs, f.plane, g.ci * f.plane, f.wp, g.b, g.ho, g.wo,
+                             g.kh, g.kw, ov * kConvQuantum, cg * group,
+                             std::min(g.ci, (cg + 1) * group), dwt.data()});
+  for (int64_t o = 0; o < g.co; ++o)
+    for (int64_t k = 0; k < g.ci * taps; ++k) gw[o * g.ci * taps + k] = dwt[k * co_stride + o];
 }
 
 // The three gradients of the direct path; every element of gx and gw is written.

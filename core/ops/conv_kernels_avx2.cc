@@ -13,7 +13,9 @@ struct Avx2 {
   using T = __m256;
   static constexpr int L = 8;
   static constexpr int kCorrVecs = 2;
-  static constexpr int kGradOuts = 1;
+  static constexpr int kGradRows3 = 4;
+  static constexpr int kGradRows5 = 2;
+  static constexpr int kGradTaps = 8;
   static T load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
   static T bcast(const float* p) { return _mm256_broadcast_ss(p); }

@@ -1,6 +1,6 @@
 // The direct convolution kernels (core/ops/internal/conv_kernels.h) for AVX-512: 16 lanes,
-// 32 vector registers (a 4 x 6 accumulator tile in `correlate`). Built with -mavx512f -mfma
-// (core/CMakeLists.txt) and called only where the CPU reports AVX-512F.
+// 32 vector registers (4 x 6 accumulators in `correlate`, 27 in `weight_grad`). Built with
+// -mavx512f -mfma (core/CMakeLists.txt) and called only where the CPU reports AVX-512F.
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -13,7 +13,9 @@ struct Avx512 {
   using T = __m512;
   static constexpr int L = 16;
   static constexpr int kCorrVecs = 6;
-  static constexpr int kGradOuts = 2;
+  static constexpr int kGradRows3 = 9;
+  static constexpr int kGradRows5 = 5;
+  static constexpr int kGradTaps = 9;
   static T load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
   static T bcast(const float* p) { return _mm512_set1_ps(*p); }

@@ -10,7 +10,9 @@ struct Generic {
   typedef float T __attribute__((vector_size(16)));
   static constexpr int L = 4;
   static constexpr int kCorrVecs = 2;
-  static constexpr int kGradOuts = 1;
+  static constexpr int kGradRows3 = 4;
+  static constexpr int kGradRows5 = 2;
+  static constexpr int kGradTaps = 8;
   static T load(const float* p) {
     T v;
     __builtin_memcpy(&v, p, sizeof v);

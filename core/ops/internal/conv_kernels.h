@@ -32,22 +32,21 @@ struct CorrelateArgs {
   int64_t npos;  // multiple of kConvQuantum
 };
 
-// dw[o][c][s] = sum over images b, p < npos of dy[b][o][p] * x[b][c][p + off[s]], written (not
-// added) for o in [o0, o1), c in [c0, c1). dy must be zero at positions that are not outputs.
-// The sum runs over images and positions in a fixed order, so a given instruction set gives
-// the same bits however the caller splits the (o, c) ranges over threads.
+// The weight gradient, transposed: dwt[c][i][j][o] = sum over images b and outputs (y, x) of
+// gt[b][y][x][o] * x[b][c][(y + i) wp + x + j], written (not added) for c in [c0, c1) and o in
+// [o0, o0 + kConvQuantum). Vectors run over output channels, so no lane sums are needed and
+// only real output positions are visited. The sum runs over images and positions in a fixed
+// order: the same bits however the caller splits channels over threads.
 struct WeightGradArgs {
-  const float* dy;  // dy[b][o][p] at dy + b * dy_image + o * dy_plane + p
-  int64_t dy_plane, dy_image;
-  const float* x;  // x[b][c][q] at x + b * x_image + c * x_plane + q
-  int64_t x_plane, x_image;
-  int64_t images;
-  int64_t npos;  // multiple of kConvQuantum
-  const int64_t* off;
-  int64_t taps;
-  int64_t ci;  // dw's channel count (row length ci * taps)
-  int64_t o0, o1, c0, c1;
-  float* dw;  // dw[(o * ci + c) * taps + s]
+  const float* gt;    // gt[((b * ho + y) * wo + x) * co_stride + o]
+  int64_t co_stride;  // multiple of kConvQuantum; zero beyond the real output channels
+  const float* x;     // x[b][c][q] at x + b * x_image + c * x_plane + q (flat padded layout)
+  int64_t x_plane, x_image, wp;
+  int64_t images, ho, wo;
+  int64_t kh, kw;
+  int64_t o0;  // multiple of kConvQuantum
+  int64_t c0, c1;
+  float* dwt;  // dwt[((c * kh + i) * kw + j) * co_stride + o]
 };
 
 enum class ConvIsa { kGeneric, kAvx2, kAvx512 };

@@ -7,7 +7,8 @@
 // V provides: type T, lane count L (divides kConvQuantum), load / store (unaligned), bcast
 // (a float from memory into every lane), fma(a, b, c) = a * b + c, zero(), hsum (sum of the
 // lanes, in a fixed order); and register budgets: kCorrVecs (position vectors per output block
-// in `correlate`'s register tile) and kGradOuts (output channels per `weight_grad` tile).
+// in `correlate`'s register tile) and, for `weight_grad`'s tiles, kGradRows3 / kGradRows5 (rows
+// of a 3- or 5-wide kernel) and kGradTaps (single taps), each at most 9.
 #pragma once
 
 #include <cstdint>
@@ -16,9 +17,6 @@
 
 namespace starling::ops::internal {
 namespace {
-
-// Taps per weight_grad tile: 9 covers a 3x3 kernel in one pass; 5x5 takes 9 + 9 + 7.
-constexpr int kGradTaps = 9;
 
 // One register tile: kConvOutBlock output channels x PV vectors of positions from p0.
 template <class V, int PV>
@@ -86,60 +84,57 @@ void correlate_impl(const CorrelateArgs& a) {
   }
 }
 
-// dw for NO output channels from o and NT taps from s0, input channel c.
-template <class V, int NO, int NT>
-inline void weight_grad_tile(const WeightGradArgs& a, int64_t o, int64_t c, int64_t s0) {
-  typename V::T acc[NO][NT];
-  for (int k = 0; k < NO; ++k)
-    for (int t = 0; t < NT; ++t) acc[k][t] = V::zero();
-  int64_t off[NT];
-  for (int t = 0; t < NT; ++t) off[t] = a.off[s0 + t];
+// NR kernel rows of KW taps each (rows: (c, i) pairs, or single taps when KW is 1) for the
+// output channels [o, o + L): NR x KW accumulators, one vector load of gradients per output
+// position and one broadcast per tap.
+template <class V, int KW, int NR>
+inline void weight_grad_tile(const WeightGradArgs& a, int64_t o, const int64_t* roff,
+                             const int64_t* dst) {
+  typename V::T acc[NR][KW];
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < KW; ++j) acc[r][j] = V::zero();
+  const float* g = a.gt + o;
   for (int64_t b = 0; b < a.images; ++b) {
-    const float* dy = a.dy + b * a.dy_image + o * a.dy_plane;
-    const float* x = a.x + b * a.x_image + c * a.x_plane;
-    for (int64_t p = 0; p < a.npos; p += V::L) {
-      typename V::T g[NO];
-      for (int k = 0; k < NO; ++k) g[k] = V::load(dy + k * a.dy_plane + p);
-      for (int t = 0; t < NT; ++t) {
-        const typename V::T xv = V::load(x + p + off[t]);
-        for (int k = 0; k < NO; ++k) acc[k][t] = V::fma(g[k], xv, acc[k][t]);
+    const float* xb = a.x + b * a.x_image;
+    for (int64_t y = 0; y < a.ho; ++y) {
+      const float* xy = xb + y * a.wp;
+      for (int64_t xo = 0; xo < a.wo; ++xo, g += a.co_stride) {
+        const typename V::T gv = V::load(g);
+        for (int r = 0; r < NR; ++r) {
+          const float* xr = xy + roff[r] + xo;
+          for (int j = 0; j < KW; ++j) acc[r][j] = V::fma(gv, V::bcast(xr + j), acc[r][j]);
+        }
       }
     }
   }
-  for (int k = 0; k < NO; ++k)
-    for (int t = 0; t < NT; ++t) a.dw[((o + k) * a.ci + c) * a.taps + s0 + t] = V::hsum(acc[k][t]);
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < KW; ++j) V::store(a.dwt + (dst[r] + j) * a.co_stride + o, acc[r][j]);
 }
 
-template <class V, int NO>
-inline void weight_grad_taps(const WeightGradArgs& a, int64_t o, int64_t c) {
-  for (int64_t s0 = 0; s0 < a.taps; s0 += kGradTaps) {
-    switch (a.taps - s0 < kGradTaps ? a.taps - s0 : kGradTaps) {
-      case 1:
-        weight_grad_tile<V, NO, 1>(a, o, c, s0);
-        break;
-      case 2:
-        weight_grad_tile<V, NO, 2>(a, o, c, s0);
-        break;
-      case 3:
-        weight_grad_tile<V, NO, 3>(a, o, c, s0);
-        break;
-      case 4:
-        weight_grad_tile<V, NO, 4>(a, o, c, s0);
-        break;
-      case 5:
-        weight_grad_tile<V, NO, 5>(a, o, c, s0);
-        break;
-      case 6:
-        weight_grad_tile<V, NO, 6>(a, o, c, s0);
-        break;
-      case 7:
-        weight_grad_tile<V, NO, 7>(a, o, c, s0);
-        break;
-      case 8:
-        weight_grad_tile<V, NO, 8>(a, o, c, s0);
-        break;
+// Rows of at most kRows at a time, NR dispatched at run time.
+template <class V, int KW, int kRows>
+inline void weight_grad_rows(const WeightGradArgs& a, int64_t o, const int64_t* roff,
+                             const int64_t* dst, int64_t rows) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+    const int64_t nr = rows - r0 < kRows ? rows - r0 : kRows;
+    const int64_t* ro = roff + r0;
+    const int64_t* d = dst + r0;
+    switch (nr) {
+#define STARLING_WG_CASE(N)                                     \
+  case N:                                                       \
+    weight_grad_tile<V, KW, (N <= kRows ? N : 1)>(a, o, ro, d); \
+    break;
+      STARLING_WG_CASE(1)
+      STARLING_WG_CASE(2)
+      STARLING_WG_CASE(3)
+      STARLING_WG_CASE(4)
+      STARLING_WG_CASE(5)
+      STARLING_WG_CASE(6)
+      STARLING_WG_CASE(7)
+      STARLING_WG_CASE(8)
+      STARLING_WG_CASE(9)
+#undef STARLING_WG_CASE
       default:
-        weight_grad_tile<V, NO, 9>(a, o, c, s0);
         break;
     }
   }
@@ -147,17 +142,29 @@ inline void weight_grad_taps(const WeightGradArgs& a, int64_t o, int64_t c) {
 
 template <class V>
 void weight_grad_impl(const WeightGradArgs& a) {
-  constexpr int kNo = V::kGradOuts;
-  for (int64_t o = a.o0; o < a.o1;) {
-    const bool full = a.o1 - o >= kNo;
-    for (int64_t c = a.c0; c < a.c1; ++c) {
-      if (full) {
-        weight_grad_taps<V, kNo>(a, o, c);
+  // Kernel rows (3 or 5 taps wide) or single taps, their input offsets and their first output.
+  constexpr int kMaxRows = 64;
+  int64_t roff[kMaxRows], dst[kMaxRows];
+  const bool rows3 = a.kw == 3, rows5 = a.kw == 5;
+  const int64_t width = rows3 || rows5 ? a.kw : 1;
+  for (int64_t c0 = a.c0; c0 < a.c1;) {
+    int64_t n = 0, c = c0;
+    for (; c < a.c1 && n + a.kh * (a.kw / width) <= kMaxRows; ++c)
+      for (int64_t i = 0; i < a.kh; ++i)
+        for (int64_t j = 0; j < a.kw; j += width) {
+          roff[n] = c * a.x_plane + i * a.wp + j;
+          dst[n++] = (c * a.kh + i) * a.kw + j;
+        }
+    for (int64_t o = a.o0; o < a.o0 + kConvQuantum; o += V::L) {
+      if (rows3) {
+        weight_grad_rows<V, 3, V::kGradRows3>(a, o, roff, dst, n);
+      } else if (rows5) {
+        weight_grad_rows<V, 5, V::kGradRows5>(a, o, roff, dst, n);
       } else {
-        weight_grad_taps<V, 1>(a, o, c);
+        weight_grad_rows<V, 1, V::kGradTaps>(a, o, roff, dst, n);
       }
     }
-    o += full ? kNo : 1;
+    c0 = c;
   }
 }
 
