@@ -99,7 +99,8 @@ void backward(const Tensor& root, const Tensor& grad_output, const LeafGradHook&
     grads.erase(git);
     if (t->grad_fn == nullptr) {
       if (!t->grad) {
-        t->grad = g.clone().impl();
+        // A gradient nothing else refers to becomes the leaf's as it is (no copy per step).
+        t->grad = g.sole_owner() ? g.impl() : g.clone().impl();
       } else {
         Tensor acc(t->grad);
         accumulate_into(acc, g);

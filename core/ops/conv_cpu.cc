@@ -278,10 +278,16 @@ std::vector<Tensor> direct_backward(const ConvGeom& g, const Tensor& x, const Te
     const int64_t hwo = g.hw_out();
     for (int64_t img = 0; img < g.b; ++img)
       for (int64_t o = 0; o < g.co; ++o) {
+        // 16 interleaved partial sums (vectorized; one running sum waits on every add).
         const float* row = pg + (img * g.co + o) * hwo;
-        float s = 0;
-        for (int64_t p = 0; p < hwo; ++p) s += row[p];
-        pb[o] += s;
+        float part[16] = {};
+        int64_t p = 0;
+        for (; p + 16 <= hwo; p += 16)
+          for (int k = 0; k < 16; ++k) part[k] += row[p + k];
+        for (; p < hwo; ++p) part[p % 16] += row[p];
+        for (int half = 8; half >= 1; half /= 2)
+          for (int k = 0; k < half; ++k) part[k] += part[k + half];
+        pb[o] += part[0];
       }
   }
   return {gx, gw, gb};

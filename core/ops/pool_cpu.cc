@@ -137,7 +137,8 @@ Tensor upsample_nearest2d(const Tensor& x, int64_t scale) {
       for (int64_t y = 0; y < ho; ++y) {
         const T* src = px + (p * h + y / scale) * w;
         T* dst = po + (p * ho + y) * wo;
-        for (int64_t xx = 0; xx < wo; ++xx) dst[xx] = src[xx / scale];
+        for (int64_t xx = 0; xx < w; ++xx)
+          for (int64_t k = 0; k < scale; ++k) dst[xx * scale + k] = src[xx];
       }
     }
   });
@@ -154,7 +155,8 @@ Tensor upsample_nearest2d(const Tensor& x, int64_t scale) {
         for (int64_t y = 0; y < ho; ++y) {
           const T* src = pg + (p * ho + y) * wo;
           T* dst = pgx + (p * h + y / scale) * w;
-          for (int64_t xx = 0; xx < wo; ++xx) dst[xx / scale] += src[xx];
+          for (int64_t xx = 0; xx < w; ++xx)
+            for (int64_t k = 0; k < scale; ++k) dst[xx] += src[xx * scale + k];
         }
       }
     });

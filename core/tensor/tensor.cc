@@ -548,14 +548,19 @@ Tensor Tensor::clone() const {
                     "clone() on " + device_str(device()) + ": " + back.status().to_string());
     return *back;
   }
-  Tensor out = empty(shape(), dtype());
+  Tensor out = uninitialized(shape(), dtype());  // copy_from writes every element
   out.copy_from(*this);
   return out;
 }
 
+bool Tensor::sole_owner() const {
+  return impl_ != nullptr && impl_.use_count() == 1 && impl_->storage.use_count() == 1 &&
+         impl_->offset == 0 && is_contiguous();
+}
+
 Tensor Tensor::to(DType t) const {
   if (t == dtype()) return *this;
-  Tensor out = empty(shape(), t);
+  Tensor out = uninitialized(shape(), t);
   out.copy_from(*this);
   return out;
 }

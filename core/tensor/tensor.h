@@ -117,6 +117,9 @@ class Tensor {
   bool is_contiguous() const;
   // True when both share the same storage.
   bool shares_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
+  // Whether this handle alone refers to its impl and the impl alone to its storage, laid out
+  // contiguously from its start: handing the impl on can alias nothing.
+  bool sole_owner() const;
 
   // Typed host pointer to the first element. REQUIRES: dtype matches T and the tensor is on
   // the CPU (both checked, aborting with the reason: CPU kernels never read device memory).
