@@ -167,15 +167,7 @@ int main(int argc, char** argv) {
       Tensor loss = starling::ops::cross_entropy(clf->forward(x), y);
       const double v = loss.item();
       starling::autograd::backward(loss);
-      starling::autograd::NoGradGuard no_grad;
-      for (const auto& p : clf->parameters()) {
-        const Tensor g = p.grad();
-        if (!g.defined()) continue;
-        float* w = p.data<float>();
-        const float* gd = g.data<float>();
-        const int64_t numel = p.numel();  // hoisted, as the client's loop does
-        for (int64_t i = 0; i < numel; ++i) w[i] -= lr * gd[i];
-      }
+      starling::optim::sgd_prox_step(clf->parameters(), lr, 0.0f, nullptr);  // as the client
       return v;
     };
   }

@@ -57,23 +57,7 @@ Result<float> run_local_steps(nn::Module& model, std::span<const float> global,
       adamw->step(lr);
       continue;
     }
-    autograd::NoGradGuard no_grad;
-    size_t offset = 0;
-    const float mu = options.prox_mu;
-    for (const auto& p : params) {
-      float* w = p.data<float>();
-      const Tensor g = p.grad();
-      const int64_t numel = p.numel();
-      if (g.defined()) {
-        const float* gd = g.data<float>();
-        const float* w0 = global.data() + offset;
-        for (int64_t i = 0; i < numel; ++i) {
-          const float grad = mu > 0 ? gd[i] + mu * (w[i] - w0[i]) : gd[i];
-          w[i] -= lr * grad;
-        }
-      }
-      offset += static_cast<size_t>(numel);
-    }
+    optim::sgd_prox_step(params, lr, options.prox_mu, global.data());
   }
   model.zero_grad();  // the gradients are not kept between rounds
   const auto local = flatten(model);

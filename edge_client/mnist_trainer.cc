@@ -7,6 +7,7 @@
 
 #include "core/autograd/autograd.h"
 #include "core/ops/ops.h"
+#include "core/optim/optimizer.h"
 #include "core/util/rng.h"
 #include "edge_client/model_params.h"
 
@@ -102,24 +103,7 @@ Result<TrainReport> MnistTrainer::train(std::span<const float> global, const v1:
     Tensor loss = ops::cross_entropy(model_->forward(x), Tensor::from_vector(y, {b}));
     loss_sum += loss.item();
     autograd::backward(loss);
-    autograd::NoGradGuard no_grad;
-    size_t offset = 0;
-    for (const auto& p : params) {
-      float* w = p.data<float>();
-      const Tensor g = p.grad();
-      const int64_t numel = p.numel();
-      if (g.defined()) {
-        const float* gd = g.data<float>();
-        const float* w0 = global.data() + offset;
-        const float mu = options_.prox_mu;
-        const float lr = plan.learning_rate();
-        for (int64_t i = 0; i < numel; ++i) {
-          const float grad = mu > 0 ? gd[i] + mu * (w[i] - w0[i]) : gd[i];
-          w[i] -= lr * grad;
-        }
-      }
-      offset += static_cast<size_t>(numel);
-    }
+    optim::sgd_prox_step(params, plan.learning_rate(), options_.prox_mu, global.data());
   }
   const auto local = flatten(*model_);
   for (size_t i = 0; i < local.size(); ++i) delta[i] = local[i] - global[i];

@@ -1,5 +1,6 @@
 // CPU matrix products: OpenBLAS sgemm/dgemm, with the backward products of each.
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 
@@ -35,6 +36,29 @@ void gemm_rows(Gemv gemv, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T a
   }
 }
 
+// Products below this many multiply-adds run on the calling thread: OpenBLAS would split them
+// over every thread, and waking the team costs more than the product (the MNIST 2NN's step took
+// 2.5x longer on 2 threads than on 1).
+constexpr int64_t kSerialMacs = int64_t{1} << 22;
+
+// OpenBLAS's OpenMP build sizes its team by the caller's omp_get_max_threads().
+class SerialBlas {
+ public:
+  explicit SerialBlas(bool on) : before_(on ? omp_get_max_threads() : 0) {
+    if (on) omp_set_num_threads(1);
+  }
+  ~SerialBlas() {
+    if (before_ > 0) omp_set_num_threads(before_);
+  }
+  SerialBlas(const SerialBlas&) = delete;
+  SerialBlas& operator=(const SerialBlas&) = delete;
+
+ private:
+  int before_;
+};
+
+bool serial(int64_t m, int64_t n, int64_t k) { return m * n * k < kSerialMacs; }
+
 }  // namespace
 
 template <>
@@ -43,6 +67,7 @@ void gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
   if (few_rows(m, n, k)) {
     return gemm_rows<float>(cblas_sgemv, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
+  const SerialBlas one_thread(serial(m, n, k));
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
@@ -55,6 +80,7 @@ void gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alph
   if (few_rows(m, n, k)) {
     return gemm_rows<double>(cblas_dgemv, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
+  const SerialBlas one_thread(serial(m, n, k));
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,

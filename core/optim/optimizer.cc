@@ -1,6 +1,7 @@
 // Fused per-parameter update loops (one pass over p, g and the state), OpenMP-parallel.
 #include "core/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/autograd/autograd.h"
@@ -99,6 +100,51 @@ void AdamW::step(double lr) {
         pp[j] = pp[j] * decay - step_size * pm[j] / denom;
       }
     });
+  }
+}
+
+namespace {
+
+// w -= lr (g + mu (w - w0)) over [0, n).
+inline void sgd_prox_range(float* w, const float* g, const float* w0, float lr, float mu,
+                           int64_t n) {
+  if (mu > 0) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + mu * (w[i] - w0[i]));
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) w[i] -= lr * g[i];
+  }
+}
+
+}  // namespace
+
+void sgd_prox_step(const std::vector<Tensor>& params, float lr, float mu, const float* anchor) {
+  autograd::NoGradGuard no_grad;
+  // Below this many elements a parameter is updated on the calling thread: waking the team
+  // costs more than the pass.
+  constexpr int64_t kParallel = int64_t{1} << 18;
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  size_t offset = 0;
+  for (const auto& p : params) {
+    const int64_t numel = p.numel();
+    const Tensor g = p.grad();
+    if (g.defined()) {
+      float* w = p.data<float>();
+      const float* gd = g.data<float>();
+      const float* w0 = mu > 0 ? anchor + offset : nullptr;
+      if (numel < kParallel) {
+        sgd_prox_range(w, gd, w0, lr, mu, numel);
+      } else {
+        const int64_t chunks = (numel + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+        for (int64_t c = 0; c < chunks; ++c) {
+          const int64_t lo = c * kChunk, n = std::min(kChunk, numel - lo);
+          sgd_prox_range(w + lo, gd + lo, w0 ? w0 + lo : nullptr, lr, mu, n);
+        }
+      }
+    }
+    offset += static_cast<size_t>(numel);
   }
 }
 

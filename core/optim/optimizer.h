@@ -69,6 +69,13 @@ class AdamW final : public Optimizer {
   std::vector<Tensor> m_, v_;
 };
 
+// The federated client's local step (FedAvg's SGD with FedProx's proximal term): each float32
+// parameter p -= lr (grad + mu (p - anchor)), where `anchor` is the flat model the parameters
+// started the round from, in parameter order (read only when mu > 0). Parameters with no
+// gradient are skipped but keep their place in `anchor`. Large parameters are split over the
+// OpenMP threads.
+void sgd_prox_step(const std::vector<Tensor>& params, float lr, float mu, const float* anchor);
+
 // Scales all gradients so that their global L2 norm is at most max_norm; returns the norm
 // before clipping. max_norm <= 0 only measures.
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
