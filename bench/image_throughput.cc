@@ -21,6 +21,7 @@
 
 #include "core/autograd/autograd.h"
 #include "core/config/toml_config.h"
+#include "core/ops/blas_core.h"
 #include "core/ops/ops.h"
 #include "core/optim/optimizer.h"
 #include "core/wire/federation.pb.h"
@@ -186,9 +187,9 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"engine\":\"starling\",\"model\":\"%s\",\"threads\":%d,\"batch\":%lld,"
       "\"ms_per_step\":%.3f,\"samples_per_s\":%.1f,\"params\":%lld,\"peak_rss_mb\":%.1f,"
-      "\"start_rss_mb\":%.1f,\"loss\":%.4f}\n",
+      "\"start_rss_mb\":%.1f,\"loss\":%.4f,\"blas\":\"%s\"}\n",
       model.c_str(), omp_get_max_threads(), static_cast<long long>(batch), med * 1e3,
       static_cast<double>(batch) / med, static_cast<long long>(bench.params), status_mb("VmHWM:"),
-      start_rss_mb, loss_v);
+      start_rss_mb, loss_v, starling::ops::blas_core().c_str());
   return 0;
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/autograd/autograd.h"
+#include "core/ops/blas_core.h"
 #include "core/optim/optimizer.h"
 #include "models/gpt/fused_backend.h"
 #include "models/gpt/fused_gpt.h"
@@ -128,8 +129,10 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "{\"engine\":\"starling %s\",\"model\":\"%s\",\"threads\":%d,\"ms_per_step\":%.3f,"
-      "\"tokens_per_s\":%.1f,\"params\":%lld,\"peak_rss_mb\":%.1f,\"loss\":%.4f}\n",
+      "\"tokens_per_s\":%.1f,\"params\":%lld,\"peak_rss_mb\":%.1f,\"loss\":%.4f,"
+      "\"blas\":\"%s\"}\n",
       engine.c_str(), model_kind.c_str(), omp_get_max_threads(), med * 1e3, tps,
-      static_cast<long long>(trained.num_parameters()), peak_mb, loss_v);
+      static_cast<long long>(trained.num_parameters()), peak_mb, loss_v,
+      starling::ops::blas_core().c_str());
   return 0;
 }

@@ -10,8 +10,17 @@
 # only the image ones. Default GPT shape: the CPU baby GPT (V=65, T=64, L=4, H=4, C=128, B=12).
 # Env: BUILD (default build/release, configured with the release preset when missing), VENV (a
 # virtual environment with torch; default bench/.venv, made with pip's torch when missing),
-# IMAGE_MODELS (default "ddpm cnn 2nn"; empty: no image rows).
+# IMAGE_MODELS (default "ddpm cnn 2nn"; empty: no image rows), OPENBLAS_CORETYPE_KEEP (see below).
+# Our programs run on the OpenBLAS kernels OpenBLAS picks for this CPU: an OPENBLAS_CORETYPE in the
+# environment (this workplace sets Haswell, AVX2, on its AVX-512 Zen 5 machines) is removed for
+# them unless OPENBLAS_CORETYPE_KEEP=1, and the table says which kernels ran. PyTorch does not
+# use OpenBLAS for these products.
 set -euo pipefail
+if [[ -n "${OPENBLAS_CORETYPE:-}" && "${OPENBLAS_CORETYPE_KEEP:-0}" != 1 ]]; then
+  echo "train_throughput.sh: OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE removed for our programs" \
+    "(OPENBLAS_CORETYPE_KEEP=1 keeps it)" >&2
+  unset OPENBLAS_CORETYPE
+fi
 cd "$(dirname "$0")/.."
 build=${BUILD:-build/release}
 venv=${VENV:-bench/.venv}
@@ -62,6 +71,8 @@ for r in rows:
                             else (r["samples_per_s"], "img/s"))
 peer = {r["model"]: r for r in rows if r["engine"].startswith("pytorch")}
 mb = lambda v: f"{v:.0f}" if v is not None else "-"
+blas = sorted({r["blas"] for r in rows if "blas" in r})
+print("our OpenBLAS kernels: " + ", ".join(blas))
 print("ours / pytorch: speed = throughput ratio (> 1: ours faster), RSS = peak RSS ratio; "
       "start MB: RSS before the model is built (libraries, interpreter)")
 print(f"{'model':<6}{'engine':<28}{'threads':>8}{'ms/step':>10}{'per second':>17}{'params':>10}"

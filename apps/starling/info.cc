@@ -5,6 +5,7 @@
 
 #include "apps/starling/commands.h"
 #include "core/cuda/device.h"
+#include "core/ops/blas_core.h"
 #include "sim/ranks.h"
 
 namespace starling::apps {
@@ -14,6 +15,7 @@ void register_info(CLI::App& app, CommandContext& /*ctx*/) {
   cmd->callback([]() {
     std::printf("starling 0.1.0\n");
     std::printf("cpu threads: %d (OpenMP)\n", omp_get_max_threads());
+    std::printf("blas kernels: OpenBLAS %s\n", ops::blas_core().c_str());
     std::printf("cuda backend: %s\n", cuda::built_with_cuda() ? "built" : "not built");
     std::printf("mpi: %s\n", sim::Ranks::built_with_mpi()
                                  ? "built (mpirun -n R starling simulate -c CONFIG)"

@@ -1,7 +1,6 @@
 // The CPU FusedBackend: plain loops (OpenMP over rows where the work is large), OpenBLAS sgemm
 // for the products. It is the oracle of the fused trainer's orchestration and of the CUDA
 // backend's new kernels; every reduction runs in a fixed order, so results are reproducible.
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -14,15 +13,17 @@
 #include <vector>
 
 #include "core/ops/internal/fast_math.h"
+#include "core/ops/matmul.h"
 #include "models/gpt/fused_backend.h"
 
 namespace starling::models {
 namespace {
 
+// The engine's products go through the ops' GEMM: its OpenBLAS kernel choice, one thread for
+// small products, matrix-vector products for a few rows.
 void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
            const float* b, int ldb, float beta, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
-              k, alpha, a, lda, b, ldb, beta, c, ldc);
+  ops::internal::gemm<float>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // x rounded to the nearest bf16 (ties to even), kept in a float: what __float2bfloat16_rn gives.
