@@ -24,6 +24,7 @@
 #include "core/ops/blas_core.h"
 #include "core/ops/ops.h"
 #include "core/optim/optimizer.h"
+#include "core/util/memory.h"
 #include "core/wire/federation.pb.h"
 #include "edge_client/mnist_trainer.h"
 #include "models/ddpm/ddpm.h"
@@ -119,6 +120,7 @@ int main(int argc, char** argv) {
     bench.draw = [&x, &rng, batch, side, ch]() {
       x = Tensor::uniform({batch, ch, side, side}, rng, -1.0, 1.0);
     };
+    starling::util::keep_freed_memory();  // as `starling train`
     bench.step = [&ddpm, &opt, &x, &rng, lr, clip, it = int64_t{0}]() mutable {
       Tensor loss = ddpm->loss(x, rng);
       const double v = loss.item();

@@ -18,6 +18,7 @@
 #include "core/autograd/autograd.h"
 #include "core/ops/blas_core.h"
 #include "core/optim/optimizer.h"
+#include "core/util/memory.h"
 #include "models/gpt/fused_backend.h"
 #include "models/gpt/fused_gpt.h"
 #include "models/gpt/gpt.h"
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"gpt", "mdlm"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  starling::util::keep_freed_memory();  // as `starling train`
   if (threads > 0) omp_set_num_threads(threads);
   const bool mdlm = model_kind == "mdlm";
 

@@ -22,6 +22,7 @@
 #include "core/data/text_file.h"
 #include "core/io/safetensors.h"
 #include "core/optim/optimizer.h"
+#include "core/util/memory.h"
 #include "models/ddpm/checkpoint.h"
 #include "models/ddpm/trainer.h"
 #include "models/gpt/checkpoint.h"
@@ -305,6 +306,7 @@ void register_train(CLI::App& app, CommandContext& ctx) {
                   "GPUs to train on (implies --device cuda), e.g. 0, or 0,1 for data parallel "
                   "with one rank per GPU over NCCL (GPT)");
   cmd->callback([&ctx, config_path, sets, ranks, device, gpus]() {
+    util::keep_freed_memory();  // a step reuses its buffers instead of faulting them in
     auto gpu = check_gpu_request(*device, *gpus);
     if (!gpu.ok()) return fail(ctx, gpu.status().message());
     v1::RunConfig cfg;
