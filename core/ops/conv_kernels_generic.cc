@@ -1,13 +1,22 @@
 // The direct convolution kernels (core/ops/internal/conv_kernels.h) on GCC's portable vectors of
 // 4 floats: NEON on arm64, SSE2 on x86 without AVX2, scalar code elsewhere. Built with the
-// project's default flags; the fallback every CPU can run.
+// project's default flags; the fallback every CPU can run. On arm64 the multiply-add is NEON's
+// fused one (vfmaq_f32).
+#if defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+
 #include "core/ops/internal/conv_kernels_impl.h"
 
 namespace starling::ops::internal {
 namespace {
 
 struct Generic {
+#if defined(__ARM_NEON)
+  using T = float32x4_t;
+#else
   typedef float T __attribute__((vector_size(16)));
+#endif
   static constexpr int L = 4;
   static constexpr int kCorrVecs = 2;
   static constexpr int kGradRows3 = 4;
@@ -20,7 +29,11 @@ struct Generic {
   }
   static void store(float* p, T v) { __builtin_memcpy(p, &v, sizeof v); }
   static T bcast(const float* p) { return T{} + *p; }
+#if defined(__ARM_NEON)
+  static T fma(T a, T b, T c) { return vfmaq_f32(c, a, b); }
+#else
   static T fma(T a, T b, T c) { return a * b + c; }
+#endif
   static T zero() { return T{}; }
   static float hsum(T v) { return (v[0] + v[1]) + (v[2] + v[3]); }
 };
