@@ -65,7 +65,10 @@ TEST_CASE("direct conv2d kernels match float64 on every instruction set", "[ops]
       GENERATE(Case{{3, 5, 9, 11}, {6, 5, 3, 3}, 1}, Case{{2, 3, 14, 14}, {7, 3, 5, 5}, 2},
                Case{{2, 6, 7, 7}, {4, 6, 1, 1}, 0}, Case{{2, 2, 6, 9}, {5, 2, 3, 3}, 0},
                Case{{1, 3, 8, 5}, {3, 3, 2, 3}, 1}, Case{{4, 1, 28, 28}, {9, 1, 3, 3}, 1},
-               Case{{3, 8, 3, 2}, {1, 8, 3, 3}, 1}, Case{{2, 4, 7, 7}, {13, 4, 3, 3}, 2});
+               Case{{3, 8, 3, 2}, {1, 8, 3, 3}, 1}, Case{{2, 4, 7, 7}, {13, 4, 3, 3}, 2},
+               // 32 channels or more on both sides, even and odd sizes, a one-row image.
+               Case{{2, 32, 7, 7}, {33, 32, 3, 3}, 1}, Case{{1, 40, 6, 9}, {32, 40, 3, 3}, 1},
+               Case{{2, 36, 1, 5}, {32, 36, 3, 3}, 1});
   CAPTURE(shape_str(c.x), shape_str(c.w), c.pad);
   const Tensor x = rand64(c.x, 1), w = rand64(c.w, 2, 0.5), b = rand64({c.w[0]}, 3);
   const int64_t ho = c.x[2] + 2 * c.pad - c.w[2] + 1, wo = c.x[3] + 2 * c.pad - c.w[3] + 1;
