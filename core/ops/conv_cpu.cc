@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -150,12 +151,23 @@ Flat flat_of(int64_t h, int64_t w, int64_t ph, int64_t pw, int64_t kh, int64_t k
   return f;
 }
 
-// Inline loops for the short runs of an image row (7 to 30 floats here): a memmove or memset
-// call per row cost more than the copy.
-inline void copy_run(const float* s, int64_t n, float* d) {
+// Short runs of an image row (7 to 30 floats here): a memmove or memset call per row, or a
+// vector loop with a scalar tail, cost more than the copy. Rows are copied in whole blocks of
+// 16 floats where the block stays inside both buffers: what lands past the row's end is
+// overwritten later, because rows, their padding and the next planes are written in address
+// order.
+constexpr int64_t kBlock = 16;
+
+inline void copy_run(const float* s, int64_t n, float* d, const float* s_end, const float* d_end) {
+  const int64_t whole = (n + kBlock - 1) / kBlock * kBlock;
+  if (s + whole <= s_end && d + whole <= d_end) {
+    for (int64_t i = 0; i < whole; i += kBlock) std::memcpy(d + i, s + i, kBlock * sizeof(float));
+    return;
+  }
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) d[i] = s[i];
 }
+
 inline void zero_run(float* d, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) d[i] = 0.0f;
@@ -163,13 +175,15 @@ inline void zero_run(float* d, int64_t n) {
 
 // dst (channels x f.plane): the channels' h x w planes of src, zero-padded.
 void pad_planes(const Flat& f, const float* src, int64_t channels, float* dst) {
+  const float* s_end = src + channels * f.h * f.w;
+  const float* d_end = dst + channels * f.plane;
   for (int64_t c = 0; c < channels; ++c) {
     const float* s = src + c * f.h * f.w;
     float* d = dst + c * f.plane;
     zero_run(d, f.ph * f.wp + f.pw);
     for (int64_t y = 0; y < f.h; ++y) {
       float* row = d + (y + f.ph) * f.wp + f.pw;
-      copy_run(s + y * f.w, f.w, row);
+      copy_run(s + y * f.w, f.w, row, s_end, d_end);
       // This row's right padding and the next row's left padding.
       zero_run(row + f.w, 2 * f.pw);
     }
@@ -211,12 +225,19 @@ void correlate_images(const Flat& f, int64_t images, const float* src, int64_t i
     pad_planes(f, src + img * in_ch * f.h * f.w, in_ch, in);
     internal::correlate(
         {in, f.plane, in_ch, f.off.data(), taps, wpk.data(), out_ch, tmp, f.npos, f.npos});
+    // Output rows in whole blocks too where both buffers allow (see copy_run).
+    const float* tmp_end = tmp + out_ch * f.npos;
+    float* img_out = dst + img * out_ch * f.ho * f.wo;
+    const float* out_end = img_out + out_ch * f.ho * f.wo;
+    const int64_t whole = (f.wo + kBlock - 1) / kBlock * kBlock;
     for (int64_t o = 0; o < out_ch; ++o) {
       const float bv = bias ? bias[o] : 0.0f;
       for (int64_t y = 0; y < f.ho; ++y) {
         const float* row = tmp + o * f.npos + y * f.wp;
-        float* out = dst + ((img * out_ch + o) * f.ho + y) * f.wo;
-        for (int64_t xo = 0; xo < f.wo; ++xo) out[xo] = row[xo] + bv;
+        float* out = img_out + (o * f.ho + y) * f.wo;
+        const int64_t n = row + whole <= tmp_end && out + whole <= out_end ? whole : f.wo;
+#pragma omp simd
+        for (int64_t xo = 0; xo < n; ++xo) out[xo] = row[xo] + bv;
       }
     }
   }

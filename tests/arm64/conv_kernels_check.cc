@@ -1,9 +1,9 @@
 // A self-contained check of the direct convolution kernels (core/ops/internal/conv_kernels.h)
 // on the instruction set this machine runs, for targets the full test suite is not built on:
-// scripts/arm64_check.sh cross-compiles it for arm64 (the portable kernels become NEON code)
-// and runs it under qemu. It needs only the kernel sources and the C++ standard library.
-// Each case builds the flattened padded layout, runs `correlate` and `weight_grad`, and
-// compares them with float64 sums; exit status 0 when every case agrees within 1e-5 relative.
+// scripts/arm64_kernels_check.sh cross-compiles it for arm64 (the portable kernels become NEON
+// code) and runs it under qemu. It needs only the kernel sources and the C++ standard library. Each
+// case builds the flattened padded layout, runs `correlate` and `weight_grad`, and compares them
+// with float64 sums; exit status 0 when every case agrees within 1e-5 relative.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
