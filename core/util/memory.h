@@ -11,7 +11,7 @@ namespace starling::util {
 // the peak RSS is unchanged (the step reaches it every time), but memory is not returned
 // between steps. For `starling train` and the training benchmarks; not for long-lived
 // aggregators and clients, whose memory should go back after a round. Returns false where the
-// C library has no such settings.
+// allocator has no such settings (not glibc, or a sanitizer's allocator).
 bool keep_freed_memory();
 
 }  // namespace starling::util
