@@ -32,7 +32,7 @@ if ((ARM64)); then
   fi
   PACKAGES+=(crossbuild-essential-arm64 qemu-user
     libopenblas-openmp-dev:arm64 libspdlog-dev:arm64 libfmt-dev:arm64 libtomlplusplus-dev:arm64
-    libprotobuf-dev:arm64 libssl-dev:arm64 libpcre2-dev:arm64 zlib1g-dev:arm64
+    libprotobuf-dev:arm64 libssl-dev:arm64 libpcre2-dev:arm64 zlib1g-dev:arm64 libpng-dev:arm64
     libcurl4-openssl-dev:arm64 libprometheus-cpp-core1.0:arm64)
 fi
 if [[ "${STARLING_DEPS_EXTRA:-}" != "" ]]; then
