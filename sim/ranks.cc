@@ -111,7 +111,7 @@ Result<std::vector<std::string>> Ranks::allgather(std::string_view mine) const {
 #endif
 }
 
-Status Ranks::sum_to_root(std::span<float> data) const {
+Status Ranks::sum_to_root([[maybe_unused]] std::span<float> data) const {
   if (size_ == 1) return ok_status();
 #ifdef STARLING_HAVE_MPI
   // Point to point, rank by rank: the root adds rank 1's vector, then rank 2's, ..., the same
@@ -141,7 +141,7 @@ Status Ranks::sum_to_root(std::span<float> data) const {
 #endif
 }
 
-Status Ranks::broadcast(std::span<float> data) const {
+Status Ranks::broadcast([[maybe_unused]] std::span<float> data) const {
   if (size_ == 1) return ok_status();
 #ifdef STARLING_HAVE_MPI
   for (size_t at = 0; at < data.size(); at += kPiece) {
@@ -155,7 +155,7 @@ Status Ranks::broadcast(std::span<float> data) const {
 #endif
 }
 
-Status Ranks::broadcast(std::string& bytes) const {
+Status Ranks::broadcast([[maybe_unused]] std::string& bytes) const {
   if (size_ == 1) return ok_status();
 #ifdef STARLING_HAVE_MPI
   int64_t n = static_cast<int64_t>(bytes.size());
