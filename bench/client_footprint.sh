@@ -31,7 +31,7 @@ on_exit_kill_children 'rm -rf "$work"'
 "$starling" --log-level warn certs issue --ca "$work/ca" --name client-7 --role client --out "$work/c"
 
 run_starling() {  # model arch -> "peak_mib seconds_per_round"
-  local arch=$1 port=$((20000 + RANDOM % 20000))
+  local arch=$1 port=$((20000 + RANDOM % 12000))
   local common="[rounds]
 num_rounds = $rounds
 clients_per_round = 1

@@ -53,7 +53,7 @@ TEST_CASE("cli: client --check, SIGKILL during training, restart and rejoin", "[
               (d / "c0").string())
               .rc == 0);
   // A free port: bind port 0 would race; pick one from the pid instead.
-  const int port = 20000 + static_cast<int>(getpid() % 20000);
+  const int port = starling::testing::test_port(0);
   const std::string common =
       "[rounds]\nnum_rounds = 3\nclients_per_round = 1\nmin_available = 1\n"
       "round_deadline_ms = 5000\n"
