@@ -1,11 +1,13 @@
-// CPU conv2d. Float32 at stride 1 (every convolution of our U-Net but its two downsamplings, and
-// the MNIST CNN's) runs the direct kernels of internal/conv_kernels.h on zero-padded copies of
-// the images: the forward pass and the input gradient are correlations (the latter with the
-// kernel flipped and transposed), the weight gradient a sum of shifted products, and none of
-// them builds a column matrix. Everything else (float64, strides) unfolds images (im2col) a
-// chunk of the batch at a time into a (C_in kH kW, n H_out W_out) matrix, so one GEMM with the
-// (C_out, C_in kH kW) weight serves the whole chunk; its backward pass recomputes the columns
-// instead of keeping them.
+// CPU conv2d. Float32 convolutions (padding below the kernel's size) run the direct kernels of
+// internal/conv_kernels.h: the forward pass and the input gradient are correlations (the latter
+// with the kernel flipped and transposed) over zero-padded copies of the images, the weight
+// gradient a sum of shifted products, and none of them builds a column matrix. A strided
+// convolution splits the padded image into phases, one stride-1 correlation each; a 1x1
+// convolution without padding reads and writes the tensors as they are. Float64 (and padding
+// of a kernel's size or more) unfolds images (im2col) a chunk of the batch at a time into a
+// (C_in kH kW, n H_out W_out) matrix, so one GEMM with the (C_out, C_in kH kW) weight serves the
+// whole chunk; its backward pass recomputes the columns instead of keeping them; the float64
+// finite-difference checks cover it.
 #include <omp.h>
 
 #include <algorithm>
@@ -122,7 +124,7 @@ T* scratch(size_t slot, int64_t n) {
   return b.data();
 }
 
-// ---- The direct float32 path (stride 1) ----
+// ---- The direct float32 path ----
 
 using internal::kConvOutBlock;
 using internal::kConvQuantum;
@@ -131,25 +133,11 @@ inline int64_t round_quantum(int64_t n) {
   return (n + kConvQuantum - 1) / kConvQuantum * kConvQuantum;
 }
 
-// The flattened padded layout of one correlation: input planes of hp x wp (the image with ph
-// rows and pw columns of zeros each side) stored `plane` floats apart, outputs at p = y wp + x
-// for y < ho, x < wo, computed for p < npos.
-struct Flat {
-  int64_t h, w, ph, pw, hp, wp, ho, wo, npos, plane;
-  std::vector<int64_t> off;  // tap (i, j) at i wp + j
+// A channel's planes in one buffer: h x w data at row `top`, column `left` of rows `wp` floats
+// wide, zeros everywhere else up to `plane` floats.
+struct PadSpec {
+  int64_t h, w, top, left, wp, plane;
 };
-
-Flat flat_of(int64_t h, int64_t w, int64_t ph, int64_t pw, int64_t kh, int64_t kw) {
-  Flat f{h, w, ph, pw, h + 2 * ph, w + 2 * pw, 0, 0, 0, 0, {}};
-  f.ho = f.hp - kh + 1;
-  f.wo = f.wp - kw + 1;
-  f.npos = round_quantum((f.ho - 1) * f.wp + f.wo);
-  const int64_t max_off = (kh - 1) * f.wp + kw - 1;
-  f.plane = round_quantum(std::max(f.hp * f.wp, f.npos + max_off));
-  for (int64_t i = 0; i < kh; ++i)
-    for (int64_t j = 0; j < kw; ++j) f.off.push_back(i * f.wp + j);
-  return f;
-}
 
 // Short runs of an image row (7 to 30 floats here): a memmove or memset call per row, or a
 // vector loop with a scalar tail, cost more than the copy. Rows are copied in whole blocks of
@@ -173,22 +161,81 @@ inline void zero_run(float* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = 0.0f;
 }
 
-// dst (channels x f.plane): the channels' h x w planes of src, zero-padded.
-void pad_planes(const Flat& f, const float* src, int64_t channels, float* dst) {
-  const float* s_end = src + channels * f.h * f.w;
-  const float* d_end = dst + channels * f.plane;
+// dst (channels x p.plane): the channels' h x w planes of src, zero-padded.
+void pad_planes(const PadSpec& p, const float* src, int64_t channels, float* dst) {
+  const float* s_end = src + channels * p.h * p.w;
+  const float* d_end = dst + channels * p.plane;
   for (int64_t c = 0; c < channels; ++c) {
-    const float* s = src + c * f.h * f.w;
-    float* d = dst + c * f.plane;
-    zero_run(d, f.ph * f.wp + f.pw);
-    for (int64_t y = 0; y < f.h; ++y) {
-      float* row = d + (y + f.ph) * f.wp + f.pw;
-      copy_run(s + y * f.w, f.w, row, s_end, d_end);
+    const float* s = src + c * p.h * p.w;
+    float* d = dst + c * p.plane;
+    zero_run(d, p.top * p.wp + p.left);
+    for (int64_t y = 0; y < p.h; ++y) {
+      float* row = d + (y + p.top) * p.wp + p.left;
+      copy_run(s + y * p.w, p.w, row, s_end, d_end);
       // This row's right padding and the next row's left padding.
-      zero_run(row + f.w, 2 * f.pw);
+      zero_run(row + p.w, p.wp - p.w);
     }
-    const int64_t tail = (f.h + f.ph) * f.wp + f.pw;
-    zero_run(d + tail, f.plane - tail);
+    const int64_t tail = (p.h + p.top) * p.wp + p.left;
+    zero_run(d + tail, p.plane - tail);
+  }
+}
+
+// The flattened padded layout of one correlation at stride s. The image with ph rows and pw
+// columns of zeros each side is hp x wp. At stride 1 a channel is that plane, stored `plane`
+// floats apart, and output position p = y wp + x reads tap (i, j) at p + i wp + j. At s > 1 the
+// padded image is split into s x s phase planes of hq x wq (phase (a, b): rows s u + a, columns
+// s v + b), `phase` floats apart, so tap (i, j) reads phase (i % s, j % s) at
+// p + (i / s) wq + j / s with p = y wq + x: a strided convolution is a sum of stride-1 ones and
+// visits only the outputs it keeps. Outputs are computed for p < npos.
+struct Flat {
+  int64_t h, w, ph, pw, s, hp, wp, ho, wo, hq, wq, npos, phase, plane;
+  std::vector<int64_t> off;  // per tap
+  PadSpec pad() const { return {h, w, ph, pw, wp, plane}; }
+};
+
+Flat flat_of(int64_t h, int64_t w, int64_t ph, int64_t pw, int64_t kh, int64_t kw, int64_t s = 1) {
+  Flat f{h, w, ph, pw, s, h + 2 * ph, w + 2 * pw, 0, 0, 0, 0, 0, 0, 0, {}};
+  f.ho = (f.hp - kh) / s + 1;
+  f.wo = (f.wp - kw) / s + 1;
+  f.hq = f.ho + (kh - 1) / s;  // hp and wp at stride 1
+  f.wq = f.wo + (kw - 1) / s;
+  f.npos = round_quantum((f.ho - 1) * f.wq + f.wo);
+  const int64_t max_off = (kh - 1) / s * f.wq + (kw - 1) / s;
+  // At stride 1 pad_planes writes up to the last row's right padding.
+  f.phase = round_quantum(std::max({f.hq * f.wq, f.npos + max_off, (h + ph) * f.wp + pw}));
+  f.plane = s * s * f.phase;
+  for (int64_t i = 0; i < kh; ++i)
+    for (int64_t j = 0; j < kw; ++j)
+      f.off.push_back(((i % s) * s + j % s) * f.phase + i / s * f.wq + j / s);
+  return f;
+}
+
+// dst (channels x f.plane): the channels of src in f's layout (zero-padded planes, or their
+// phases at a stride).
+void layout_planes(const Flat& f, const float* src, int64_t channels, float* dst) {
+  if (f.s == 1) return pad_planes(f.pad(), src, channels, dst);
+  for (int64_t c = 0; c < channels; ++c) {
+    const float* sc = src + c * f.h * f.w;
+    for (int64_t a = 0; a < f.s; ++a)
+      for (int64_t b = 0; b < f.s; ++b) {
+        float* d = dst + c * f.plane + (a * f.s + b) * f.phase;
+        // Columns v whose padded column s v + b lies in the image: [v0, v1).
+        const int64_t v0 = std::min(f.wq, std::max<int64_t>(0, (f.pw - b + f.s - 1) / f.s));
+        const int64_t v1 = std::clamp<int64_t>((f.w - 1 + f.pw - b) / f.s + 1, v0, f.wq);
+        for (int64_t u = 0; u < f.hq; ++u) {
+          float* row = d + u * f.wq;
+          const int64_t r = f.s * u + a - f.ph;
+          if (r < 0 || r >= f.h) {
+            zero_run(row, f.wq);
+            continue;
+          }
+          const float* srow = sc + r * f.w + b - f.pw;
+          zero_run(row, v0);
+          for (int64_t v = v0; v < v1; ++v) row[v] = srow[f.s * v];
+          zero_run(row + v1, f.wq - v1);
+        }
+        zero_run(d + f.hq * f.wq, f.phase - f.hq * f.wq);
+      }
   }
 }
 
@@ -209,8 +256,11 @@ std::vector<float> pack_weights(const float* w, int64_t co, int64_t ci, int64_t 
 }
 
 bool direct_path(const ConvGeom& g, DType t) {
-  return t == DType::kF32 && g.stride == 1 && g.pad < g.kh && g.pad < g.kw;
+  return t == DType::kF32 && g.pad < g.kh && g.pad < g.kw;
 }
+
+// 1x1 without padding: a product per image, no layout to build.
+bool pointwise(const ConvGeom& g) { return g.kh == 1 && g.kw == 1 && g.pad == 0 && g.stride == 1; }
 
 // dst (images, out_ch, f.ho, f.wo) = src (images, in_ch, f.h, f.w) correlated with the packed
 // weights, plus bias (or not).
@@ -222,52 +272,143 @@ void correlate_images(const Flat& f, int64_t images, const float* src, int64_t i
   for (int64_t img = 0; img < images; ++img) {
     float* in = scratch<float>(0, in_ch * f.plane);
     float* tmp = scratch<float>(1, out_ch * f.npos);
-    pad_planes(f, src + img * in_ch * f.h * f.w, in_ch, in);
+    layout_planes(f, src + img * in_ch * f.h * f.w, in_ch, in);
     internal::correlate(
-        {in, f.plane, in_ch, f.off.data(), taps, wpk.data(), out_ch, tmp, f.npos, f.npos});
+        {in, f.plane, in_ch, f.off.data(), taps, wpk.data(), out_ch, tmp, f.npos, f.npos, bias});
     // Output rows in whole blocks too where both buffers allow (see copy_run).
     const float* tmp_end = tmp + out_ch * f.npos;
     float* img_out = dst + img * out_ch * f.ho * f.wo;
     const float* out_end = img_out + out_ch * f.ho * f.wo;
-    const int64_t whole = (f.wo + kBlock - 1) / kBlock * kBlock;
-    for (int64_t o = 0; o < out_ch; ++o) {
-      const float bv = bias ? bias[o] : 0.0f;
-      for (int64_t y = 0; y < f.ho; ++y) {
-        const float* row = tmp + o * f.npos + y * f.wp;
-        float* out = img_out + (o * f.ho + y) * f.wo;
-        const int64_t n = row + whole <= tmp_end && out + whole <= out_end ? whole : f.wo;
-#pragma omp simd
-        for (int64_t xo = 0; xo < n; ++xo) out[xo] = row[xo] + bv;
-      }
-    }
+    for (int64_t o = 0; o < out_ch; ++o)
+      for (int64_t y = 0; y < f.ho; ++y)
+        copy_run(tmp + o * f.npos + y * f.wq, f.wo, img_out + (o * f.ho + y) * f.wo, tmp_end,
+                 out_end);
   }
 }
 
-// out (b, co, ho, wo) = x (b, ci, h, w) correlated with w, plus bias.
-void direct_forward(const ConvGeom& g, const float* x, const float* w, const float* bias,
-                    float* out) {
-  const Flat f = flat_of(g.h, g.w, g.pad, g.pad, g.kh, g.kw);
-  correlate_images(f, g.b, x, g.ci, pack_weights(w, g.co, g.ci, g.kh * g.kw, false), g.co, bias,
-                   out);
+// dst (images, out_ch, hw) = the packed 1x1 weights times src (images, in_ch, hw), plus bias
+// (or not), read from and written to the tensors themselves: whole vectors of positions
+// through correlate, the last hw % kConvQuantum through a zero-padded copy.
+void pointwise_images(int64_t images, int64_t hw, const float* src, int64_t in_ch,
+                      const std::vector<float>& wpk, int64_t out_ch, const float* bias,
+                      float* dst) {
+  const int64_t main = hw / kConvQuantum * kConvQuantum, tail = hw - main, off = 0;
+#pragma omp parallel for schedule(static) if (images > 1)
+  for (int64_t img = 0; img < images; ++img) {
+    const float* in = src + img * in_ch * hw;
+    float* out = dst + img * out_ch * hw;
+    if (main > 0)
+      internal::correlate({in, hw, in_ch, &off, 1, wpk.data(), out_ch, out, hw, main, bias});
+    if (tail == 0) continue;
+    float* tin = scratch<float>(0, in_ch * kConvQuantum);
+    float* tout = scratch<float>(1, out_ch * kConvQuantum);
+    for (int64_t c = 0; c < in_ch; ++c)
+      for (int64_t t = 0; t < kConvQuantum; ++t)
+        tin[c * kConvQuantum + t] = t < tail ? in[c * hw + main + t] : 0.0f;
+    internal::correlate({tin, kConvQuantum, in_ch, &off, 1, wpk.data(), out_ch, tout, kConvQuantum,
+                         kConvQuantum, bias});
+    for (int64_t o = 0; o < out_ch; ++o)
+      for (int64_t t = 0; t < tail; ++t) out[o * hw + main + t] = tout[o * kConvQuantum + t];
+  }
 }
 
-// gx (b, ci, h, w) = gy correlated with w flipped and transposed, at padding k - 1 - pad.
+// out (b, co, ho, wo) = x (b, ci, h, w) correlated with w at g's stride, plus bias.
+void direct_forward(const ConvGeom& g, const float* x, const float* w, const float* bias,
+                    float* out) {
+  const auto wpk = pack_weights(w, g.co, g.ci, g.kh * g.kw, false);
+  if (pointwise(g)) return pointwise_images(g.b, g.h * g.w, x, g.ci, wpk, g.co, bias, out);
+  const Flat f = flat_of(g.h, g.w, g.pad, g.pad, g.kh, g.kw, g.stride);
+  correlate_images(f, g.b, x, g.ci, wpk, g.co, bias, out);
+}
+
+// gx (b, ci, h, w) at stride 1 = gy correlated with w flipped and transposed, at padding
+// k - 1 - pad.
 void direct_input_grad(const ConvGeom& g, const float* gy, const float* w, float* gx) {
+  const auto wpk = pack_weights(w, g.co, g.ci, g.kh * g.kw, true);
+  if (pointwise(g)) return pointwise_images(g.b, g.h * g.w, gy, g.co, wpk, g.ci, nullptr, gx);
   const Flat f = flat_of(g.ho, g.wo, g.kh - 1 - g.pad, g.kw - 1 - g.pad, g.kh, g.kw);
-  correlate_images(f, g.b, gy, g.co, pack_weights(w, g.co, g.ci, g.kh * g.kw, true), g.ci, nullptr,
-                   gx);
+  correlate_images(f, g.b, gy, g.co, wpk, g.ci, nullptr, gx);
+}
+
+// gx at a stride s > 1, one phase of the padded input at a time. Padded row s u + a and column
+// s v + b receive sum over taps i = s m + a, j = s n + b of w[o][c][i][j] gy[o][u - m][v - n]:
+// a stride-1 correlation of gy (M = (kh - 1) / s rows and N = (kw - 1) / s columns of zeros in
+// front) with the phase's taps, reversed. Phases partition the image, so every element of gx is
+// written once.
+void strided_input_grad(const ConvGeom& g, const float* gy, const float* w, float* gx) {
+  const int64_t s = g.stride, taps = g.kh * g.kw;
+  const int64_t m_max = (g.kh - 1) / s, n_max = (g.kw - 1) / s;
+  // Phase outputs u < nu, v < nv reach every padded row (column) up to h + pad (w + pad).
+  const int64_t nu = (g.h + g.pad + s - 1) / s, nv = (g.w + g.pad + s - 1) / s;
+  const int64_t wg = std::max(nv, g.wo) + n_max, hg = std::max(nu, g.ho) + m_max;
+  const int64_t npos = round_quantum((nu - 1) * wg + nv);
+  const int64_t plane =
+      round_quantum(std::max({hg * wg, npos + m_max * wg + n_max, (g.ho + m_max) * wg + n_max}));
+  const PadSpec pad{g.ho, g.wo, m_max, n_max, wg, plane};
+  struct Phase {
+    int64_t a, b;
+    std::vector<int64_t> off;
+    std::vector<float> wpk;
+  };
+  std::vector<Phase> phases;
+  const int64_t blocks = (g.ci + kConvOutBlock - 1) / kConvOutBlock;
+  for (int64_t a = 0; a < s; ++a)
+    for (int64_t b = 0; b < s; ++b) {
+      Phase ph{a, b, {}, {}};
+      std::vector<int64_t> tap;  // i kw + j of each of the phase's taps
+      for (int64_t i = a; i < g.kh; i += s)
+        for (int64_t j = b; j < g.kw; j += s) {
+          ph.off.push_back((m_max - i / s) * wg + n_max - j / s);
+          tap.push_back(i * g.kw + j);
+        }
+      const auto nt = static_cast<int64_t>(tap.size());
+      ph.wpk.assign(static_cast<size_t>(blocks * g.co * nt * kConvOutBlock), 0.0f);
+      for (int64_t c = 0; c < g.ci; ++c)
+        for (int64_t o = 0; o < g.co; ++o)
+          for (int64_t t = 0; t < nt; ++t)
+            ph.wpk[static_cast<size_t>(((c / kConvOutBlock * g.co + o) * nt + t) * kConvOutBlock +
+                                       c % kConvOutBlock)] = w[(o * g.ci + c) * taps + tap[t]];
+      phases.push_back(std::move(ph));
+    }
+#pragma omp parallel for schedule(static) if (g.b > 1)
+  for (int64_t img = 0; img < g.b; ++img) {
+    float* in = scratch<float>(0, g.co * plane);
+    float* tmp = scratch<float>(1, g.ci * npos);
+    pad_planes(pad, gy + img * g.co * g.hw_out(), g.co, in);
+    float* gxi = gx + img * g.ci * g.h * g.w;
+    for (const Phase& ph : phases) {
+      const auto nt = static_cast<int64_t>(ph.off.size());
+      if (nt > 0)
+        internal::correlate(
+            {in, plane, g.co, ph.off.data(), nt, ph.wpk.data(), g.ci, tmp, npos, npos, nullptr});
+      for (int64_t c = 0; c < g.ci; ++c)
+        for (int64_t u = 0; u < nu; ++u) {
+          const int64_t r = s * u + ph.a - g.pad;
+          if (r < 0 || r >= g.h) continue;
+          const float* src = tmp + c * npos + u * wg;
+          float* row = gxi + (c * g.h + r) * g.w;
+          for (int64_t v = 0; v < nv; ++v) {
+            const int64_t col = s * v + ph.b - g.pad;
+            if (col >= 0 && col < g.w) row[col] = nt > 0 ? src[v] : 0.0f;
+          }
+        }
+    }
+  }
 }
 
 // gw (co, ci, kh, kw) = sum over images and outputs of gy times the shifted inputs, computed
 // transposed (output channels in the vector lanes) from gy transposed to (b, ho, wo, co).
 void direct_weight_grad(const ConvGeom& g, const float* x, const float* gy, float* gw) {
-  const Flat f = flat_of(g.h, g.w, g.pad, g.pad, g.kh, g.kw);
+  const Flat f = flat_of(g.h, g.w, g.pad, g.pad, g.kh, g.kw, g.stride);
   const int64_t taps = g.kh * g.kw, hwo = g.hw_out(), co_stride = round_quantum(g.co);
-  float* xs = scratch<float>(2, g.b * g.ci * f.plane);
+  // Without padding at stride 1 the kernel reads only real pixels: x as it is.
+  const bool as_is = g.pad == 0 && g.stride == 1;
+  const int64_t x_plane = as_is ? g.h * g.w : f.plane;
+  float* xs = as_is ? nullptr : scratch<float>(2, g.b * g.ci * f.plane);
   float* gt = scratch<float>(3, g.b * hwo * co_stride);
 #pragma omp parallel for schedule(static) if (g.b > 1)
   for (int64_t img = 0; img < g.b; ++img) {
-    pad_planes(f, x + img * g.ci * g.h * g.w, g.ci, xs + img * g.ci * f.plane);
+    if (!as_is) layout_planes(f, x + img * g.ci * g.h * g.w, g.ci, xs + img * g.ci * f.plane);
     float* t = gt + img * hwo * co_stride;
     const float* s = gy + img * g.co * hwo;
     for (int64_t p = 0; p < hwo; ++p) {
@@ -278,16 +419,17 @@ void direct_weight_grad(const ConvGeom& g, const float* x, const float* gy, floa
   }
   // Tasks of (16 output channels, a few input channels): about 9 kernel rows each, one
   // register tile of the widest kernel.
-  const int64_t row_taps = (g.kw == 3 || g.kw == 5) ? g.kh : taps;
+  const int64_t row_taps = (g.stride == 1 && (g.kw == 3 || g.kw == 5)) ? g.kh : taps;
   const int64_t group = std::max<int64_t>(1, 9 / row_taps);
   const int64_t groups = (g.ci + group - 1) / group, ovecs = co_stride / kConvQuantum;
   std::vector<float> dwt(static_cast<size_t>(g.ci * taps * co_stride));
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t ov = 0; ov < ovecs; ++ov)
     for (int64_t cg = 0; cg < groups; ++cg)
-      internal::weight_grad({gt, co_stride, xs, f.plane, g.ci * f.plane, f.wp, g.b, g.ho, g.wo,
-                             g.kh, g.kw, ov * kConvQuantum, cg * group,
-                             std::min(g.ci, (cg + 1) * group), dwt.data()});
+      internal::weight_grad({gt, co_stride, as_is ? x : xs, x_plane, g.ci * x_plane,
+                             as_is ? g.w : f.wq, g.b, g.ho, g.wo, g.kh, g.kw, g.stride, f.phase,
+                             ov * kConvQuantum, cg * group, std::min(g.ci, (cg + 1) * group),
+                             dwt.data()});
   for (int64_t o = 0; o < g.co; ++o)
     for (int64_t k = 0; k < g.ci * taps; ++k) gw[o * g.ci * taps + k] = dwt[k * co_stride + o];
 }
@@ -299,7 +441,10 @@ std::vector<Tensor> direct_backward(const ConvGeom& g, const Tensor& x, const Te
   const float* pg = gy.data<float>();
   if (need_x) {
     gx = Tensor::uninitialized(x.shape(), DType::kF32);
-    direct_input_grad(g, pg, w.data<float>(), gx.data<float>());
+    if (g.stride == 1)
+      direct_input_grad(g, pg, w.data<float>(), gx.data<float>());
+    else
+      strided_input_grad(g, pg, w.data<float>(), gx.data<float>());
   }
   if (need_w) {
     gw = Tensor::uninitialized(w.shape(), DType::kF32);

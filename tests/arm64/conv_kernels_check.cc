@@ -2,8 +2,8 @@
 // on the instruction set this machine runs, for targets the full test suite is not built on:
 // scripts/arm64_kernels_check.sh cross-compiles it for arm64 (the portable kernels become NEON
 // code) and runs it under qemu. It needs only the kernel sources and the C++ standard library. Each
-// case builds the flattened padded layout, runs `correlate` and `weight_grad`, and compares them
-// with float64 sums; exit status 0 when every case agrees within 1e-5 relative.
+// case builds the flattened padded layout, runs `correlate` (with a bias) and `weight_grad`, and
+// compares them with float64 sums; exit status 0 when every case agrees within 1e-5 relative.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -48,8 +48,9 @@ bool check(const Case& c, std::mt19937& gen) {
       for (int64_t y = 0; y < c.h; ++y)
         for (int64_t xx = 0; xx < c.w; ++xx)
           x[static_cast<size_t>((n * c.ci + ch) * plane + (y + c.pad) * wp + xx + c.pad)] = u(gen);
-  std::vector<float> w(static_cast<size_t>(c.co * c.ci * taps));
+  std::vector<float> w(static_cast<size_t>(c.co * c.ci * taps)), bias(static_cast<size_t>(c.co));
   for (float& v : w) v = u(gen);
+  for (float& v : bias) v = u(gen);
   const int64_t co_stride = round_up(c.co);
   std::vector<float> gt(static_cast<size_t>(c.b * ho * wo * co_stride), 0.0f);
   for (int64_t q = 0; q < c.b * ho * wo; ++q)
@@ -70,11 +71,11 @@ bool check(const Case& c, std::mt19937& gen) {
   for (int64_t n = 0; n < c.b; ++n) {
     const float* xn = x.data() + n * c.ci * plane;
     starling::ops::internal::correlate(
-        {xn, plane, c.ci, off.data(), taps, wpk.data(), c.co, out.data(), npos, npos});
+        {xn, plane, c.ci, off.data(), taps, wpk.data(), c.co, out.data(), npos, npos, bias.data()});
     for (int64_t o = 0; o < c.co; ++o)
       for (int64_t y = 0; y < ho; ++y)
         for (int64_t xx = 0; xx < wo; ++xx) {
-          double s = 0;
+          double s = bias[static_cast<size_t>(o)];
           for (int64_t ch = 0; ch < c.ci; ++ch)
             for (int64_t t = 0; t < taps; ++t)
               s += static_cast<double>(w[static_cast<size_t>((o * c.ci + ch) * taps + t)]) *
@@ -86,7 +87,8 @@ bool check(const Case& c, std::mt19937& gen) {
   // weight_grad over every input channel at once (the transposed layout).
   for (int64_t o0 = 0; o0 < co_stride; o0 += kConvQuantum)
     starling::ops::internal::weight_grad({gt.data(), co_stride, x.data(), plane, c.ci * plane, wp,
-                                          c.b, ho, wo, c.k, c.k, o0, 0, c.ci, gotw.data()});
+                                          c.b, ho, wo, c.k, c.k, 1, plane, o0, 0, c.ci,
+                                          gotw.data()});
   for (int64_t n = 0; n < c.b; ++n)
     for (int64_t y = 0; y < ho; ++y)
       for (int64_t xx = 0; xx < wo; ++xx)

@@ -16,9 +16,9 @@ inline constexpr int64_t kConvQuantum = 16;
 // Output channels computed together by `correlate`: packed weights come in blocks of this.
 inline constexpr int64_t kConvOutBlock = 4;
 
-// out[o][p] = sum over c < ci, s < taps of w[o][c][s] * in[c][p + off[s]], for o < co and
-// p < npos. `in` must be readable (and zero where the image has no data) up to
-// npos + max(off) in every channel.
+// out[o][p] = bias[o] + sum over c < ci, s < taps of w[o][c][s] * in[c][p + off[s]], for
+// o < co and p < npos (bias 0 where it is null). `in` must be readable (and zero where the image
+// has no data) up to npos + max(off) in every channel.
 struct CorrelateArgs {
   const float* in;  // channel c at in + c * in_plane
   int64_t in_plane;
@@ -29,14 +29,18 @@ struct CorrelateArgs {
   int64_t co;
   float* out;  // out[o * out_plane + p]
   int64_t out_plane;
-  int64_t npos;  // multiple of kConvQuantum
+  int64_t npos;       // multiple of kConvQuantum
+  const float* bias;  // co values, or nullptr
 };
 
 // The weight gradient, transposed: dwt[c][i][j][o] = sum over images b and outputs (y, x) of
 // gt[b][y][x][o] * x[b][c][(y + i) wp + x + j], written (not added) for c in [c0, c1) and o in
-// [o0, o0 + kConvQuantum). Vectors run over output channels, so no lane sums are needed and
-// only real output positions are visited. The sum runs over images and positions in a fixed
-// order: the same bits however the caller splits channels over threads.
+// [o0, o0 + kConvQuantum). At a stride s > 1 a channel holds s x s phase planes, phase_plane
+// floats apart (phase (a, b): the padded image's rows s u + a and columns s v + b, wp wide),
+// and tap (i, j) reads phase (i % s, j % s) at (y + i / s) wp + x + j / s. Vectors run over output
+// channels, so no lane sums are needed and only real output positions are visited. The sum runs
+// over images and positions in a fixed order: the same bits however the caller splits channels over
+// threads.
 struct WeightGradArgs {
   const float* gt;    // gt[((b * ho + y) * wo + x) * co_stride + o]
   int64_t co_stride;  // multiple of kConvQuantum; zero beyond the real output channels
@@ -44,6 +48,7 @@ struct WeightGradArgs {
   int64_t x_plane, x_image, wp;
   int64_t images, ho, wo;
   int64_t kh, kw;
+  int64_t stride, phase_plane;
   int64_t o0;  // multiple of kConvQuantum
   int64_t c0, c1;
   float* dwt;  // dwt[((c * kh + i) * kw + j) * co_stride + o]

@@ -21,10 +21,12 @@ namespace {
 // One register tile: kConvOutBlock output channels x PV vectors of positions from p0.
 template <class V, int PV>
 inline void correlate_tile(const CorrelateArgs& a, const float* w, int64_t p0, float* const* out,
-                           int64_t nout) {
+                           int64_t o0, int64_t nout) {
   typename V::T acc[kConvOutBlock][PV];
-  for (int o = 0; o < kConvOutBlock; ++o)
-    for (int v = 0; v < PV; ++v) acc[o][v] = V::zero();
+  for (int o = 0; o < kConvOutBlock; ++o) {
+    const typename V::T init = a.bias && o < nout ? V::bcast(a.bias + o0 + o) : V::zero();
+    for (int v = 0; v < PV; ++v) acc[o][v] = init;
+  }
   for (int64_t c = 0; c < a.ci; ++c) {
     const float* x = a.in + c * a.in_plane + p0;
     const float* wc = w + c * a.taps * kConvOutBlock;
@@ -62,22 +64,22 @@ void correlate_impl(const CorrelateArgs& a) {
       const float* w = a.wpk + ob * a.ci * a.taps * kConvOutBlock;
       switch (nv) {
         case 1:
-          correlate_tile<V, 1>(a, w, p0, out, nout);
+          correlate_tile<V, 1>(a, w, p0, out, o0, nout);
           break;
         case 2:
-          correlate_tile<V, (kMax >= 2 ? 2 : 1)>(a, w, p0, out, nout);
+          correlate_tile<V, (kMax >= 2 ? 2 : 1)>(a, w, p0, out, o0, nout);
           break;
         case 3:
-          correlate_tile<V, (kMax >= 3 ? 3 : 1)>(a, w, p0, out, nout);
+          correlate_tile<V, (kMax >= 3 ? 3 : 1)>(a, w, p0, out, o0, nout);
           break;
         case 4:
-          correlate_tile<V, (kMax >= 4 ? 4 : 1)>(a, w, p0, out, nout);
+          correlate_tile<V, (kMax >= 4 ? 4 : 1)>(a, w, p0, out, o0, nout);
           break;
         case 5:
-          correlate_tile<V, (kMax >= 5 ? 5 : 1)>(a, w, p0, out, nout);
+          correlate_tile<V, (kMax >= 5 ? 5 : 1)>(a, w, p0, out, o0, nout);
           break;
         default:
-          correlate_tile<V, (kMax >= 6 ? 6 : 1)>(a, w, p0, out, nout);
+          correlate_tile<V, (kMax >= 6 ? 6 : 1)>(a, w, p0, out, o0, nout);
           break;
       }
     }
@@ -142,17 +144,20 @@ inline void weight_grad_rows(const WeightGradArgs& a, int64_t o, const int64_t* 
 
 template <class V>
 void weight_grad_impl(const WeightGradArgs& a) {
-  // Kernel rows (3 or 5 taps wide) or single taps, their input offsets and their first output.
+  // Kernel rows (3 or 5 taps wide, stride 1) or single taps, their input offsets and their first
+  // output.
   constexpr int kMaxRows = 64;
   int64_t roff[kMaxRows], dst[kMaxRows];
-  const bool rows3 = a.kw == 3, rows5 = a.kw == 5;
+  const int64_t st = a.stride;
+  const bool rows3 = a.kw == 3 && st == 1, rows5 = a.kw == 5 && st == 1;
   const int64_t width = rows3 || rows5 ? a.kw : 1;
   for (int64_t c0 = a.c0; c0 < a.c1;) {
     int64_t n = 0, c = c0;
     for (; c < a.c1 && n + a.kh * (a.kw / width) <= kMaxRows; ++c)
       for (int64_t i = 0; i < a.kh; ++i)
         for (int64_t j = 0; j < a.kw; j += width) {
-          roff[n] = c * a.x_plane + i * a.wp + j;
+          roff[n] =
+              c * a.x_plane + ((i % st) * st + j % st) * a.phase_plane + (i / st) * a.wp + j / st;
           dst[n++] = (c * a.kh + i) * a.kw + j;
         }
     for (int64_t o = a.o0; o < a.o0 + kConvQuantum; o += V::L) {

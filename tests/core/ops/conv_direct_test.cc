@@ -1,7 +1,7 @@
 // The direct float32 convolution kernels (core/ops/internal/conv_kernels.h) on every instruction
-// set this CPU runs: the output and all three gradients against float64 (the im2col path, whose
-// gradients the float64 finite-difference checks in conv_test.cc cover), and the same bits for
-// one and two threads.
+// set this CPU runs, at stride 1, in phases at strides 2-4 and as in-place 1x1 products: the
+// output and all three gradients against float64 (the im2col path, whose gradients the float64
+// finite-difference checks in conv_test.cc cover), and the same bits for one and two threads.
 #include <omp.h>
 
 #include <catch2/catch.hpp>
@@ -25,12 +25,13 @@ struct Grads {
 };
 
 // y = conv2d(x, w, b) and the gradients of sum(y * r), in x's dtype.
-Grads run(const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& r, int64_t pad) {
+Grads run(const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& r, int64_t pad,
+          int64_t stride = 1) {
   Tensor x = x0.detach(), w = w0.detach(), b = b0.detach();
   x.set_requires_grad(true);
   w.set_requires_grad(true);
   b.set_requires_grad(true);
-  const Tensor y = conv2d(x, w, b, 1, pad);
+  const Tensor y = conv2d(x, w, b, stride, pad);
   autograd::backward(sum(mul(y, r.to(y.dtype()))));
   return {y.detach(), x.grad(), w.grad(), b.grad()};
 }
@@ -56,30 +57,42 @@ struct IsaGuard {
 TEST_CASE("direct conv2d kernels match float64 on every instruction set", "[ops]") {
   struct Case {
     Shape x, w;
-    int64_t pad;
+    int64_t pad, stride = 1;
   };
-  // 3x3 and 5x5 "same" convolutions as the U-Net and the CNN use, 1x1, no padding, an
-  // asymmetric kernel, output channels not a multiple of the 4-channel block, one input channel,
-  // widths that leave partial vectors, and images smaller than one vector.
-  const auto c =
-      GENERATE(Case{{3, 5, 9, 11}, {6, 5, 3, 3}, 1}, Case{{2, 3, 14, 14}, {7, 3, 5, 5}, 2},
-               Case{{2, 6, 7, 7}, {4, 6, 1, 1}, 0}, Case{{2, 2, 6, 9}, {5, 2, 3, 3}, 0},
-               Case{{1, 3, 8, 5}, {3, 3, 2, 3}, 1}, Case{{4, 1, 28, 28}, {9, 1, 3, 3}, 1},
-               Case{{3, 8, 3, 2}, {1, 8, 3, 3}, 1}, Case{{2, 4, 7, 7}, {13, 4, 3, 3}, 2},
-               // 32 channels or more on both sides, even and odd sizes, a one-row image.
-               Case{{2, 32, 7, 7}, {33, 32, 3, 3}, 1}, Case{{1, 40, 6, 9}, {32, 40, 3, 3}, 1},
-               Case{{2, 36, 1, 5}, {32, 36, 3, 3}, 1});
-  CAPTURE(shape_str(c.x), shape_str(c.w), c.pad);
+  // 3x3 and 5x5 "same" convolutions as the U-Net and the CNN use, no padding, an asymmetric
+  // kernel, output channels not a multiple of the 4-channel block, one input channel, widths
+  // that leave partial vectors, and images smaller than one vector.
+  const auto c = GENERATE(
+      Case{{3, 5, 9, 11}, {6, 5, 3, 3}, 1}, Case{{2, 3, 14, 14}, {7, 3, 5, 5}, 2},
+      Case{{2, 2, 6, 9}, {5, 2, 3, 3}, 0}, Case{{1, 3, 8, 5}, {3, 3, 2, 3}, 1},
+      Case{{4, 1, 28, 28}, {9, 1, 3, 3}, 1}, Case{{3, 8, 3, 2}, {1, 8, 3, 3}, 1},
+      Case{{2, 4, 7, 7}, {13, 4, 3, 3}, 2},
+      // 32 channels or more on both sides, even and odd sizes, a one-row image.
+      Case{{2, 32, 7, 7}, {33, 32, 3, 3}, 1}, Case{{1, 40, 6, 9}, {32, 40, 3, 3}, 1},
+      Case{{2, 36, 1, 5}, {32, 36, 3, 3}, 1},
+      // 1x1 without padding (products in place): whole vectors and a tail (49 =
+      // 48 + 1, 35 = 32 + 3), whole vectors only (32), a tail only (6); with padding.
+      Case{{2, 6, 7, 7}, {4, 6, 1, 1}, 0}, Case{{3, 9, 5, 7}, {6, 9, 1, 1}, 0},
+      Case{{2, 5, 4, 8}, {7, 5, 1, 1}, 0}, Case{{2, 3, 2, 3}, {5, 3, 1, 1}, 0},
+      Case{{2, 5, 4, 3}, {3, 5, 1, 1}, 0, 2},
+      // Strides (phases): the U-Net's downsampling on even and odd sizes, no padding,
+      // 5x5 at stride 2 and 3, a 2x2 kernel at stride 2, stride above the kernel.
+      Case{{2, 6, 8, 8}, {5, 6, 3, 3}, 1, 2}, Case{{3, 4, 9, 11}, {6, 4, 3, 3}, 1, 2},
+      Case{{2, 3, 7, 6}, {4, 3, 3, 3}, 0, 2}, Case{{2, 3, 13, 12}, {5, 3, 5, 5}, 2, 2},
+      Case{{1, 4, 11, 10}, {3, 4, 5, 5}, 1, 3}, Case{{2, 5, 8, 9}, {6, 5, 2, 2}, 0, 2},
+      Case{{2, 3, 10, 10}, {4, 3, 2, 3}, 1, 4}, Case{{2, 36, 14, 14}, {33, 36, 3, 3}, 1, 2});
+  CAPTURE(shape_str(c.x), shape_str(c.w), c.pad, c.stride);
   const Tensor x = rand64(c.x, 1), w = rand64(c.w, 2, 0.5), b = rand64({c.w[0]}, 3);
-  const int64_t ho = c.x[2] + 2 * c.pad - c.w[2] + 1, wo = c.x[3] + 2 * c.pad - c.w[3] + 1;
+  const int64_t ho = (c.x[2] + 2 * c.pad - c.w[2]) / c.stride + 1,
+                wo = (c.x[3] + 2 * c.pad - c.w[3]) / c.stride + 1;
   const Tensor r = rand64({c.x[0], c.w[0], ho, wo}, 4);
-  const Grads ref = run(x, w, b, r, c.pad);
+  const Grads ref = run(x, w, b, r, c.pad, c.stride);
   for (ConvIsa isa : {ConvIsa::kGeneric, ConvIsa::kAvx2, ConvIsa::kAvx512}) {
     if (!internal::conv_isa_supported(isa)) continue;
     CAPTURE(internal::conv_isa_name(isa));
     const IsaGuard guard(isa);
-    const Grads got =
-        run(x.to(DType::kF32), w.to(DType::kF32), b.to(DType::kF32), r.to(DType::kF32), c.pad);
+    const Grads got = run(x.to(DType::kF32), w.to(DType::kF32), b.to(DType::kF32),
+                          r.to(DType::kF32), c.pad, c.stride);
     CHECK(rel_diff(got.y, ref.y) < 1e-5);
     CHECK(rel_diff(got.gx, ref.gx) < 1e-5);
     CHECK(rel_diff(got.gw, ref.gw) < 1e-5);
@@ -88,14 +101,23 @@ TEST_CASE("direct conv2d kernels match float64 on every instruction set", "[ops]
 }
 
 TEST_CASE("direct conv2d gives the same bits on one and two threads", "[ops]") {
+  struct Case {
+    int64_t k, pad, stride;
+  };
+  // Stride 1, a 1x1 product in place, stride 2 (phases).
+  const auto c = GENERATE(Case{3, 1, 1}, Case{1, 0, 1}, Case{3, 1, 2});
+  CAPTURE(c.k, c.pad, c.stride);
   const Tensor x = rand64({5, 6, 12, 10}, 7).to(DType::kF32);
-  const Tensor w = rand64({10, 6, 3, 3}, 8).to(DType::kF32), b = rand64({10}, 9).to(DType::kF32);
-  const Tensor r = rand64({5, 10, 12, 10}, 10).to(DType::kF32);
+  const Tensor w = rand64({10, 6, c.k, c.k}, 8).to(DType::kF32);
+  const Tensor b = rand64({10}, 9).to(DType::kF32);
+  const int64_t ho = (12 + 2 * c.pad - c.k) / c.stride + 1,
+                wo = (10 + 2 * c.pad - c.k) / c.stride + 1;
+  const Tensor r = rand64({5, 10, ho, wo}, 10).to(DType::kF32);
   const int before = omp_get_max_threads();
   omp_set_num_threads(1);
-  const Grads one = run(x, w, b, r, 1);
+  const Grads one = run(x, w, b, r, c.pad, c.stride);
   omp_set_num_threads(2);
-  const Grads two = run(x, w, b, r, 1);
+  const Grads two = run(x, w, b, r, c.pad, c.stride);
   omp_set_num_threads(before);
   CHECK(max_abs_diff(one.y, two.y) == 0.0);
   CHECK(max_abs_diff(one.gx, two.gx) == 0.0);
