@@ -20,6 +20,10 @@ struct Avx2 {
   static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
   static T bcast(const float* p) { return _mm256_broadcast_ss(p); }
   static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T pin(T v) {
+    asm("" : "+x"(v));
+    return v;
+  }
   static T zero() { return _mm256_setzero_ps(); }
   static float hsum(T v) {
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -20,6 +20,12 @@ struct Avx512 {
   static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
   static T bcast(const float* p) { return _mm512_set1_ps(*p); }
   static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  // Keeps a loaded vector in a register: GCC otherwise folds the load into each FMA that uses
+  // it, four loads where one does.
+  static T pin(T v) {
+    asm("" : "+v"(v));
+    return v;
+  }
   static T zero() { return _mm512_setzero_ps(); }
   // Through memory: GCC 12's _mm512_reduce_add_ps trips -Wuninitialized in its own header.
   static float hsum(T v) {

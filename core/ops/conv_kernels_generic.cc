@@ -34,6 +34,14 @@ struct Generic {
 #else
   static T fma(T a, T b, T c) { return a * b + c; }
 #endif
+  static T pin(T v) {
+#if defined(__aarch64__)
+    asm("" : "+w"(v));
+#elif defined(__x86_64__)
+    asm("" : "+x"(v));
+#endif
+    return v;
+  }
   static T zero() { return T{}; }
   static float hsum(T v) { return (v[0] + v[1]) + (v[2] + v[3]); }
 };

@@ -6,9 +6,11 @@
 //
 // V provides: type T, lane count L (divides kConvQuantum), load / store (unaligned), bcast
 // (a float from memory into every lane), fma(a, b, c) = a * b + c, zero(), hsum (sum of the
-// lanes, in a fixed order); and register budgets: kCorrVecs (position vectors per output block
-// in `correlate`'s register tile) and, for `weight_grad`'s tiles, kGradRows3 / kGradRows5 (rows
-// of a 3- or 5-wide kernel) and kGradTaps (single taps), each at most 9.
+// lanes, in a fixed order), pin (the value, held in a register: an empty asm that stops the
+// compiler from folding one load into every instruction that uses it); and register budgets:
+// kCorrVecs (position vectors per output block in `correlate`'s register tile) and, for
+// `weight_grad`'s tiles, kGradRows3 / kGradRows5 (rows of a 3- or 5-wide kernel) and kGradTaps
+// (single taps), each at most 9.
 #pragma once
 
 #include <cstdint>
@@ -18,8 +20,9 @@
 namespace starling::ops::internal {
 namespace {
 
-// One register tile: kConvOutBlock output channels x PV vectors of positions from p0.
-template <class V, int PV>
+// One register tile: kConvOutBlock output channels x PV vectors of positions from p0. kOne: a
+// single tap (1x1 products), its loop gone.
+template <class V, int PV, bool kOne>
 inline void correlate_tile(const CorrelateArgs& a, const float* w, int64_t p0, float* const* out,
                            int64_t o0, int64_t nout) {
   typename V::T acc[kConvOutBlock][PV];
@@ -27,7 +30,18 @@ inline void correlate_tile(const CorrelateArgs& a, const float* w, int64_t p0, f
     const typename V::T init = a.bias && o < nout ? V::bcast(a.bias + o0 + o) : V::zero();
     for (int v = 0; v < PV; ++v) acc[o][v] = init;
   }
-  for (int64_t c = 0; c < a.ci; ++c) {
+  if constexpr (kOne) {
+    const float* x = a.in + a.off[0] + p0;
+    for (int64_t c = 0; c < a.ci; ++c, x += a.in_plane, w += kConvOutBlock) {
+      typename V::T xv[PV];
+      for (int v = 0; v < PV; ++v) xv[v] = V::pin(V::load(x + v * V::L));
+      for (int o = 0; o < kConvOutBlock; ++o) {
+        const typename V::T wv = V::bcast(w + o);
+        for (int v = 0; v < PV; ++v) acc[o][v] = V::fma(xv[v], wv, acc[o][v]);
+      }
+    }
+  }
+  for (int64_t c = 0; c < (kOne ? 0 : a.ci); ++c) {
     const float* x = a.in + c * a.in_plane + p0;
     const float* wc = w + c * a.taps * kConvOutBlock;
     for (int64_t s = 0; s < a.taps; ++s) {
@@ -45,8 +59,8 @@ inline void correlate_tile(const CorrelateArgs& a, const float* w, int64_t p0, f
     for (int v = 0; v < PV; ++v) V::store(out[o] + p0 + v * V::L, acc[o][v]);
 }
 
-template <class V>
-void correlate_impl(const CorrelateArgs& a) {
+template <class V, bool kOne>
+void correlate_blocks(const CorrelateArgs& a) {
   constexpr int kMax = V::kCorrVecs;
   const int64_t nvec = a.npos / V::L;
   const int64_t blocks = (a.co + kConvOutBlock - 1) / kConvOutBlock;
@@ -64,26 +78,34 @@ void correlate_impl(const CorrelateArgs& a) {
       const float* w = a.wpk + ob * a.ci * a.taps * kConvOutBlock;
       switch (nv) {
         case 1:
-          correlate_tile<V, 1>(a, w, p0, out, o0, nout);
+          correlate_tile<V, 1, kOne>(a, w, p0, out, o0, nout);
           break;
         case 2:
-          correlate_tile<V, (kMax >= 2 ? 2 : 1)>(a, w, p0, out, o0, nout);
+          correlate_tile<V, (kMax >= 2 ? 2 : 1), kOne>(a, w, p0, out, o0, nout);
           break;
         case 3:
-          correlate_tile<V, (kMax >= 3 ? 3 : 1)>(a, w, p0, out, o0, nout);
+          correlate_tile<V, (kMax >= 3 ? 3 : 1), kOne>(a, w, p0, out, o0, nout);
           break;
         case 4:
-          correlate_tile<V, (kMax >= 4 ? 4 : 1)>(a, w, p0, out, o0, nout);
+          correlate_tile<V, (kMax >= 4 ? 4 : 1), kOne>(a, w, p0, out, o0, nout);
           break;
         case 5:
-          correlate_tile<V, (kMax >= 5 ? 5 : 1)>(a, w, p0, out, o0, nout);
+          correlate_tile<V, (kMax >= 5 ? 5 : 1), kOne>(a, w, p0, out, o0, nout);
           break;
         default:
-          correlate_tile<V, (kMax >= 6 ? 6 : 1)>(a, w, p0, out, o0, nout);
+          correlate_tile<V, (kMax >= 6 ? 6 : 1), kOne>(a, w, p0, out, o0, nout);
           break;
       }
     }
   }
+}
+
+template <class V>
+void correlate_impl(const CorrelateArgs& a) {
+  if (a.taps == 1)
+    correlate_blocks<V, true>(a);
+  else
+    correlate_blocks<V, false>(a);
 }
 
 // NR kernel rows of KW taps each (rows: (c, i) pairs, or single taps when KW is 1) for the

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <vector>
 
+#include "core/autograd/autograd.h"
 #include "core/ops/concat.h"
+#include "core/ops/ops.h"
 #include "core/ops/time_embedding.h"
 #include "tests/testing/gradcheck.h"
 
@@ -56,6 +58,24 @@ TEST_CASE("group_norm gradients match central differences", "[ops][grad]") {
                 {rand64({3, 4, 5}, 4), rand64({4}, 5)});
   INFO(r2.worst);
   REQUIRE(r2.max_rel_error < 1e-6);
+}
+
+TEST_CASE("group_norm float32 gradients agree with float64", "[ops][grad]") {
+  const auto groups = GENERATE(1, 2, 4);
+  // An offset mean, as activations after a convolution have.
+  const Tensor x0 = add(rand64({3, 8, 5, 7}, 6, 2.0), Tensor::full({1}, 3.0, DType::kF64));
+  const Tensor w0 = rand64({8}, 7), b0 = rand64({8}, 8), r = rand64({3, 8, 5, 7}, 9);
+  std::vector<Tensor> grads[2];
+  for (const DType t : {DType::kF64, DType::kF32}) {
+    Tensor x = x0.to(t), w = w0.to(t), b = b0.to(t);
+    for (Tensor* v : {&x, &w, &b}) v->set_requires_grad(true);
+    autograd::backward(sum(mul(group_norm(x, groups, w, b), r.to(t))));
+    grads[t == DType::kF32] = {x.grad(), w.grad(), b.grad()};
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    CAPTURE(groups, i);
+    REQUIRE(max_abs_diff(grads[1][i], grads[0][i]) < 2e-5);
+  }
 }
 
 TEST_CASE("timestep_embedding: values and gradient", "[ops][grad]") {
