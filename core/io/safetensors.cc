@@ -291,7 +291,8 @@ Status append_tensor(AtomicFile& out, const Tensor& t) {
   std::vector<char> buf;
   buf.reserve(std::min(kChunk + esize, t.nbytes()));
   int64_t off = t.offset();
-  for (int64_t i = 0; i < t.numel(); ++i) {
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) {
     const char* p = base + off * static_cast<int64_t>(esize);
     buf.insert(buf.end(), p, p + esize);
     if (buf.size() >= kChunk) {

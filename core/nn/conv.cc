@@ -30,4 +30,8 @@ Tensor GroupNorm::forward(const Tensor& x) const {
   return ops::group_norm(x, groups, weight, bias, eps);
 }
 
+Tensor GroupNorm::forward_silu(const Tensor& x) const {
+  return ops::group_norm_silu(x, groups, weight, bias, eps);
+}
+
 }  // namespace starling::nn

@@ -28,6 +28,8 @@ class GroupNorm : public Module {
  public:
   GroupNorm(int64_t groups, int64_t channels, double eps = 1e-5);
   Tensor forward(const Tensor& x) const;  // x: (B, C, ...) -> same shape
+  // silu(forward(x)), fused (ops::group_norm_silu).
+  Tensor forward_silu(const Tensor& x) const;
 
   Tensor weight;
   Tensor bias;

@@ -161,6 +161,18 @@ inline void zero_run(float* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = 0.0f;
 }
 
+// A short run of zeros (a row's padding: 2 floats here) as one block store where the block
+// stays inside the buffer, like copy_run: GCC turns zero_run's loop into a memset call, which
+// costs more than the store.
+inline void zero_short(float* d, int64_t n, const float* d_end) {
+  static constexpr float kZeros[kBlock] = {};
+  if (n <= kBlock && d + kBlock <= d_end) {
+    std::memcpy(d, kZeros, sizeof kZeros);
+    return;
+  }
+  zero_run(d, n);
+}
+
 // dst (channels x p.plane): the channels' h x w planes of src, zero-padded.
 void pad_planes(const PadSpec& p, const float* src, int64_t channels, float* dst) {
   const float* s_end = src + channels * p.h * p.w;
@@ -168,12 +180,12 @@ void pad_planes(const PadSpec& p, const float* src, int64_t channels, float* dst
   for (int64_t c = 0; c < channels; ++c) {
     const float* s = src + c * p.h * p.w;
     float* d = dst + c * p.plane;
-    zero_run(d, p.top * p.wp + p.left);
+    zero_short(d, p.top * p.wp + p.left, d_end);
     for (int64_t y = 0; y < p.h; ++y) {
       float* row = d + (y + p.top) * p.wp + p.left;
       copy_run(s + y * p.w, p.w, row, s_end, d_end);
       // This row's right padding and the next row's left padding.
-      zero_run(row + p.w, p.wp - p.w);
+      zero_short(row + p.w, p.wp - p.w, d_end);
     }
     const int64_t tail = (p.h + p.top) * p.wp + p.left;
     zero_run(d + tail, p.plane - tail);
@@ -397,8 +409,10 @@ void strided_input_grad(const ConvGeom& g, const float* gy, const float* w, floa
 }
 
 // gw (co, ci, kh, kw) = sum over images and outputs of gy times the shifted inputs, computed
-// transposed (output channels in the vector lanes) from gy transposed to (b, ho, wo, co).
-void direct_weight_grad(const ConvGeom& g, const float* x, const float* gy, float* gw) {
+// transposed (output channels in the vector lanes) from gy transposed to (b, ho, wo, co). With
+// gb, also the bias gradient, summed while gy is transposed (per image, then over images in
+// order: the same bits for any thread count).
+void direct_weight_grad(const ConvGeom& g, const float* x, const float* gy, float* gw, float* gb) {
   const Flat f = flat_of(g.h, g.w, g.pad, g.pad, g.kh, g.kw, g.stride);
   const int64_t taps = g.kh * g.kw, hwo = g.hw_out(), co_stride = round_quantum(g.co);
   // Without padding at stride 1 the kernel reads only real pixels: x as it is.
@@ -406,17 +420,34 @@ void direct_weight_grad(const ConvGeom& g, const float* x, const float* gy, floa
   const int64_t x_plane = as_is ? g.h * g.w : f.plane;
   float* xs = as_is ? nullptr : scratch<float>(2, g.b * g.ci * f.plane);
   float* gt = scratch<float>(3, g.b * hwo * co_stride);
+  std::vector<float> bpart(gb ? static_cast<size_t>(g.b * co_stride) : 0, 0.0f);
 #pragma omp parallel for schedule(static) if (g.b > 1)
   for (int64_t img = 0; img < g.b; ++img) {
     if (!as_is) layout_planes(f, x + img * g.ci * g.h * g.w, g.ci, xs + img * g.ci * f.plane);
     float* t = gt + img * hwo * co_stride;
     const float* s = gy + img * g.co * hwo;
-    for (int64_t p = 0; p < hwo; ++p) {
-      float* row = t + p * co_stride;
-      for (int64_t o = 0; o < g.co; ++o) row[o] = s[o * hwo + p];
-      for (int64_t o = g.co; o < co_stride; ++o) row[o] = 0.0f;
+    if (gb) {
+      float* bp = bpart.data() + img * co_stride;
+      for (int64_t p = 0; p < hwo; ++p) {
+        float* row = t + p * co_stride;
+        for (int64_t o = 0; o < g.co; ++o) {
+          const float v = s[o * hwo + p];
+          row[o] = v;
+          bp[o] += v;
+        }
+        for (int64_t o = g.co; o < co_stride; ++o) row[o] = 0.0f;
+      }
+    } else {
+      for (int64_t p = 0; p < hwo; ++p) {
+        float* row = t + p * co_stride;
+        for (int64_t o = 0; o < g.co; ++o) row[o] = s[o * hwo + p];
+        for (int64_t o = g.co; o < co_stride; ++o) row[o] = 0.0f;
+      }
     }
   }
+  if (gb)
+    for (int64_t img = 0; img < g.b; ++img)
+      for (int64_t o = 0; o < g.co; ++o) gb[o] += bpart[static_cast<size_t>(img * co_stride + o)];
   // Tasks of (16 output channels, a few input channels): about 9 kernel rows each, one
   // register tile of the widest kernel.
   const int64_t row_taps = (g.stride == 1 && (g.kw == 3 || g.kw == 5)) ? g.kh : taps;
@@ -446,12 +477,12 @@ std::vector<Tensor> direct_backward(const ConvGeom& g, const Tensor& x, const Te
     else
       strided_input_grad(g, pg, w.data<float>(), gx.data<float>());
   }
+  if (has_bias) gb = Tensor::zeros({g.co}, DType::kF32);
   if (need_w) {
     gw = Tensor::uninitialized(w.shape(), DType::kF32);
-    direct_weight_grad(g, x.data<float>(), pg, gw.data<float>());
-  }
-  if (has_bias) {
-    gb = Tensor::zeros({g.co}, DType::kF32);
+    direct_weight_grad(g, x.data<float>(), pg, gw.data<float>(),
+                       has_bias ? gb.data<float>() : nullptr);
+  } else if (has_bias) {
     float* pb = gb.data<float>();
     const int64_t hwo = g.hw_out();
     for (int64_t img = 0; img < g.b; ++img)

@@ -14,4 +14,9 @@ namespace starling::ops {
 Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
                   double eps = 1e-5);
 
+// silu(group_norm(x, ...)) in one op: the normalized tensor is never stored, and forward and
+// backward each pass over memory once (the U-Net's blocks normalize then activate).
+Tensor group_norm_silu(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
+                       double eps = 1e-5);
+
 }  // namespace starling::ops

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/autograd/autograd.h"
+#include "core/ops/internal/fast_math.h"
 #include "core/ops/internal/op_util.h"
 #include "core/ops/norm2d.h"
 
@@ -52,11 +53,44 @@ std::pair<double, double> dsum2(int64_t n, const float* x) {
   return {total(a, ta), total(q, tq)};
 }
 
-}  // namespace
+template <typename T>
+T exp_t(T v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return internal::fast_expf(v);
+  } else {
+    return std::exp(v);
+  }
+}
 
-Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
-                  double eps) {
-  const char* op = "group_norm";
+// y = a x + sh, then SiLU (or not), over n elements.
+template <typename T, bool kSilu>
+void affine_row(const T* x, int64_t n, T a, T sh, T* y) {
+#pragma omp simd
+  for (int64_t p = 0; p < n; ++p) {
+    const T z = x[p] * a + sh;
+    if constexpr (kSilu) {
+      y[p] = z / (1 + exp_t(-z));
+    } else {
+      y[p] = z;
+    }
+  }
+}
+
+// The gradient that reaches the normalized value through SiLU: g silu'(z), z = a x + sh.
+template <typename T>
+void silu_grad_row(const T* g, const T* x, int64_t n, T a, T sh, T* gz) {
+#pragma omp simd
+  for (int64_t p = 0; p < n; ++p) {
+    const T z = x[p] * a + sh;
+    const T sig = 1 / (1 + exp_t(-z));
+    gz[p] = g[p] * sig * (1 + z * (1 - sig));
+  }
+}
+
+// group_norm, then SiLU when `silu`: one read of x and one write of y forward; backward reads
+// g and x once per (image, group) row (the row stays in L1 between its passes).
+Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Tensor& weight,
+                       const Tensor& bias, double eps, bool silu) {
   STARLING_OP_CHECK(x.dim() >= 2, op, "input must be (B, C, ...), got " + shape_str(x.shape()));
   const int64_t b = x.shape()[0], c = x.shape()[1];
   STARLING_OP_CHECK(
@@ -108,21 +142,26 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
       for (int64_t ch = 0; ch < cg; ++ch) {
         const T a = static_cast<T>(rs) * pw[c0 + ch];
         const T sh = (pb ? pb[c0 + ch] : T(0)) - static_cast<T>(m) * a;
-        for (int64_t p = ch * hw; p < (ch + 1) * hw; ++p) orow[p] = row[p] * a + sh;
+        if (silu)
+          affine_row<T, true>(row + ch * hw, hw, a, sh, orow + ch * hw);
+        else
+          affine_row<T, false>(row + ch * hw, hw, a, sh, orow + ch * hw);
       }
     }
   });
   if (!autograd::needs_grad({&x, &weight, &bias})) return out;
   return autograd::record(
       out, op, {x, weight, bias},
-      [xc, wc, mean_t, rstd_t, has_bias, b, c, groups, hw, cg, rows, len](const Tensor& g) {
+      [xc, wc, bc, mean_t, rstd_t, has_bias, silu, b, c, groups, hw, cg, rows, len,
+       op](const Tensor& g) {
         const Tensor gc = g.contiguous();
         Tensor gx = Tensor::uninitialized(xc.shape(), xc.dtype());
         Tensor gw = Tensor::uninitialized({c}, xc.dtype());
         Tensor gb = Tensor::uninitialized({c}, xc.dtype());
-        internal::dispatch_float(xc.dtype(), "group_norm", [&]<typename T>() {
+        internal::dispatch_float(xc.dtype(), op, [&]<typename T>() {
           const T* px = xc.data<T>();
           const T* pw = wc.data<T>();
+          const T* pb = has_bias ? bc.data<T>() : nullptr;
           const T* pg = gc.data<T>();
           const double* pm = mean_t.data<double>();
           const double* pr = rstd_t.data<double>();
@@ -134,7 +173,17 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
             const int64_t c0 = (r % groups) * cg, img = r / groups;
             const double m = pm[r], rs = pr[r];
             const T* row = px + r * len;
+            T* gxrow = pgx + r * len;
+            // Through SiLU: the normalized value's gradient, kept in gx's row until the end.
             const T* grow = pg + r * len;
+            if (silu) {
+              for (int64_t ch = 0; ch < cg; ++ch) {
+                const T a = static_cast<T>(rs) * pw[c0 + ch];
+                const T sh = (pb ? pb[c0 + ch] : T(0)) - static_cast<T>(m) * a;
+                silu_grad_row<T>(grow + ch * hw, row + ch * hw, hw, a, sh, gxrow + ch * hw);
+              }
+              grow = gxrow;
+            }
             // dx = rs (dxh - mean(dxh) - x_hat mean(dxh x_hat)), dxh = g w.
             double mean_d = 0, mean_dx = 0;
             for (int64_t ch = 0; ch < cg; ++ch) {
@@ -153,8 +202,8 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
             mean_d /= static_cast<double>(len);
             mean_dx /= static_cast<double>(len);
             // Per channel, dx = a g + b x + c: rs w, -rs^2 mean_dx and rs (m rs mean_dx - mean_d),
-            // folded in double, applied in T (16 lanes of float, not 8 of double).
-            T* gxrow = pgx + r * len;
+            // folded in double, applied in T (16 lanes of float, not 8 of double). grow may be
+            // gxrow itself: each element is read before it is written.
             for (int64_t ch = 0; ch < cg; ++ch) {
               const T a = static_cast<T>(rs * static_cast<double>(pw[c0 + ch]));
               const T bx = static_cast<T>(-rs * rs * mean_dx);
@@ -177,6 +226,18 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
         });
         return std::vector<Tensor>{gx, gw, has_bias ? gb : Tensor()};
       });
+}
+
+}  // namespace
+
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  return group_norm_impl("group_norm", x, groups, weight, bias, eps, false);
+}
+
+Tensor group_norm_silu(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
+                       double eps) {
+  return group_norm_impl("group_norm_silu", x, groups, weight, bias, eps, true);
 }
 
 }  // namespace starling::ops

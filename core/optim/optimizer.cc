@@ -171,7 +171,8 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
       for_float(g, [&]<typename T>() {
         T* pg = g.data<T>();
         const T s = static_cast<T>(scale);
-        for (int64_t j = 0; j < g.numel(); ++j) pg[j] *= s;
+        const int64_t n = g.numel();
+        for (int64_t j = 0; j < n; ++j) pg[j] *= s;
       });
     }
   }

@@ -36,7 +36,11 @@ std::string device_str(Device d);  // "cpu", "cuda:0"
 class DeviceBackend;
 
 std::string shape_str(const Shape& s);  // "(2, 3)"
-int64_t shape_numel(const Shape& s);
+inline int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
 Strides contiguous_strides(const Shape& s);
 
 // Owns one block of bytes: 64-byte aligned host memory, or memory of a device from its

@@ -67,10 +67,10 @@ ResBlock::ResBlock(int64_t in, int64_t out, int64_t time_dim, int64_t groups, do
 }
 
 Tensor ResBlock::forward(const Tensor& x, const Tensor& temb) const {
-  Tensor h = conv1->forward(ops::silu(norm1->forward(x)));
+  Tensor h = conv1->forward(norm1->forward_silu(x));
   const Tensor tp = temb_proj->forward(ops::silu(temb));  // (B, out)
   h = ops::add(h, ops::reshape(tp, {tp.size(0), tp.size(1), 1, 1}));
-  h = ops::silu(norm2->forward(h));
+  h = norm2->forward_silu(h);
   h = ops::dropout(h, dropout_, training(), *rng_);
   h = conv2->forward(h);
   return ops::add(skip ? skip->forward(x) : x, h);
@@ -199,7 +199,7 @@ Tensor UNet::forward(const Tensor& x, const Tensor& t) const {
       h = upsample_conv_[u]->forward(ops::upsample_nearest2d(h, 2));
     }
   }
-  return conv_out_->forward(ops::silu(norm_out_->forward(h)));
+  return conv_out_->forward(norm_out_->forward_silu(h));
 }
 
 }  // namespace starling::models

@@ -31,7 +31,8 @@ void init_layer(Tensor& weight, Tensor& bias, const InitSpec& spec, Rng& rng) {
     case ClassifierInit::kTruncatedNormal: {
       Tensor w = Tensor::uninitialized(shape);
       float* pw = w.data<float>();
-      for (int64_t i = 0; i < w.numel(); ++i) {
+      const int64_t n = w.numel();
+      for (int64_t i = 0; i < n; ++i) {
         double z = rng.normal();
         while (std::fabs(z) > 2.0) z = rng.normal();
         pw[i] = static_cast<float>(spec.std * z);

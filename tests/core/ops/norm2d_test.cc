@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/autograd/autograd.h"
+#include "core/ops/activation.h"
 #include "core/ops/concat.h"
 #include "core/ops/ops.h"
 #include "core/ops/time_embedding.h"
@@ -75,6 +76,41 @@ TEST_CASE("group_norm float32 gradients agree with float64", "[ops][grad]") {
   for (size_t i = 0; i < 3; ++i) {
     CAPTURE(groups, i);
     REQUIRE(max_abs_diff(grads[1][i], grads[0][i]) < 2e-5);
+  }
+}
+
+TEST_CASE("group_norm_silu: gradients match central differences", "[ops][grad]") {
+  const auto groups = GENERATE(1, 2, 4);
+  const auto r = gradcheck(
+      [groups](const std::vector<Tensor>& in) {
+        return group_norm_silu(in[0], groups, in[1], in[2]);
+      },
+      {rand64({2, 4, 3, 2}, 11, 2.0), rand64({4}, 12), rand64({4}, 13)});
+  INFO(r.worst);
+  REQUIRE(r.max_rel_error < 1e-6);
+  const auto r2 = gradcheck(
+      [](const std::vector<Tensor>& in) { return group_norm_silu(in[0], 2, in[1], Tensor()); },
+      {rand64({3, 4, 5}, 14), rand64({4}, 15)});
+  INFO(r2.worst);
+  REQUIRE(r2.max_rel_error < 1e-6);
+}
+
+TEST_CASE("group_norm_silu equals silu(group_norm) in float32 and float64", "[ops][grad]") {
+  const auto t = GENERATE(DType::kF64, DType::kF32);
+  const Tensor x0 = rand64({3, 8, 5, 7}, 16, 2.0).to(t), w0 = rand64({8}, 17).to(t);
+  const Tensor b0 = rand64({8}, 18).to(t), r = rand64({3, 8, 5, 7}, 19).to(t);
+  std::vector<Tensor> got[2];
+  for (const bool fused : {false, true}) {
+    Tensor x = x0.detach(), w = w0.detach(), b = b0.detach();
+    for (Tensor* v : {&x, &w, &b}) v->set_requires_grad(true);
+    const Tensor y = fused ? group_norm_silu(x, 4, w, b) : silu(group_norm(x, 4, w, b));
+    autograd::backward(sum(mul(y, r)));
+    got[fused] = {y.detach(), x.grad(), w.grad(), b.grad()};
+  }
+  const double tol = t == DType::kF32 ? 1e-5 : 1e-12;
+  for (size_t i = 0; i < 4; ++i) {
+    CAPTURE(dtype_name(t), i);
+    REQUIRE(max_abs_diff(got[1][i], got[0][i]) < tol);
   }
 }
 
