@@ -20,14 +20,7 @@ T erf_t(T x) {
   }
 }
 
-template <typename T>
-T exp_t(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return internal::fast_expf(x);
-  } else {
-    return std::exp(x);
-  }
-}
+using internal::exp_t;
 
 template <typename T>
 T tanh_t(T x) {

@@ -53,14 +53,7 @@ std::pair<double, double> dsum2(int64_t n, const float* x) {
   return {total(a, ta), total(q, tq)};
 }
 
-template <typename T>
-T exp_t(T v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return internal::fast_expf(v);
-  } else {
-    return std::exp(v);
-  }
-}
+using internal::exp_t;
 
 // y = a x + sh, then SiLU (or not), over n elements.
 template <typename T, bool kSilu>

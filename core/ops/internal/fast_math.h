@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace starling::ops::internal {
 
@@ -38,6 +39,16 @@ inline float fast_erff(float x) {
   y = y * t + 0.254829592f;
   const float r = 1.0f - y * t * fast_expf(-a * a);
   return std::copysign(r, x);
+}
+
+// exp in T: fast_expf for float, libm for double (the references of the gradient checks).
+template <typename T>
+inline T exp_t(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return fast_expf(x);
+  } else {
+    return std::exp(x);
+  }
 }
 
 }  // namespace starling::ops::internal
