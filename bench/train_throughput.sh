@@ -10,7 +10,10 @@
 # only the image ones. Default GPT shape: the CPU baby GPT (V=65, T=64, L=4, H=4, C=128, B=12).
 # Env: BUILD (default build/release, configured with the release preset when missing), VENV (a
 # virtual environment with torch; default bench/.venv, made with pip's torch when missing),
-# IMAGE_MODELS (default "ddpm cnn 2nn"; empty: no image rows), OPENBLAS_CORETYPE_KEEP (see below).
+# IMAGE_MODELS (default "ddpm cnn 2nn"; empty: no image rows), OPENBLAS_CORETYPE_KEEP (see below),
+# REPEATS (default 3): the whole sequence runs that many times, ours and PyTorch's programs
+# interleaved, and each row is the run with the median ms/step (a run on this 2-core machine
+# varies by 10-20% from the next; within one run each program already takes the median step).
 # Our programs run on the OpenBLAS kernels OpenBLAS picks for this CPU: an OPENBLAS_CORETYPE in the
 # environment (this workplace sets Haswell, AVX2, on its AVX-512 Zen 5 machines) is removed for
 # them unless OPENBLAS_CORETYPE_KEEP=1, and the table says which kernels ran. PyTorch does not
@@ -46,25 +49,37 @@ if [[ ! -x "$build/bench/train_throughput" ]]; then
   cmake --preset release -B "$build" >/dev/null
 fi
 cmake --build "$build" --target train_throughput image_throughput >/dev/null
+repeats=${REPEATS:-3}
+if [[ ! $repeats =~ ^[1-9][0-9]*$ ]]; then
+  echo "train_throughput.sh: REPEATS must be a positive integer, got '$repeats'" >&2
+  exit 2
+fi
 rows=()
-for engine in autograd fused; do
-  rows+=("$("$build/bench/train_throughput" --engine "$engine" ${gpt_args[@]+"${gpt_args[@]}"})")
+for ((round = 0; round < repeats; round++)); do
+  for engine in autograd fused; do
+    rows+=("$("$build/bench/train_throughput" --engine "$engine" ${gpt_args[@]+"${gpt_args[@]}"})")
+  done
+  rows+=("$("$venv/bin/python" bench/torch_gpt.py ${gpt_args[@]+"${gpt_args[@]}"})")
+  # The masked diffusion LM's step on the same trunk (bidirectional, V + 1 embeddings).
+  for engine in autograd fused; do
+    rows+=("$("$build/bench/train_throughput" --model mdlm --engine "$engine" \
+      ${gpt_args[@]+"${gpt_args[@]}"})")
+  done
+  rows+=("$("$venv/bin/python" bench/torch_gpt.py --mdlm ${gpt_args[@]+"${gpt_args[@]}"})")
+  for model in ${IMAGE_MODELS-ddpm cnn 2nn}; do
+    rows+=("$("$build/bench/image_throughput" --model "$model" ${image_args[@]+"${image_args[@]}"})")
+    rows+=("$("$venv/bin/python" bench/torch_image.py --model "$model" \
+      ${image_args[@]+"${image_args[@]}"})")
+  done
 done
-rows+=("$("$venv/bin/python" bench/torch_gpt.py ${gpt_args[@]+"${gpt_args[@]}"})")
-# The masked diffusion LM's step on the same trunk (bidirectional, V + 1 embeddings).
-for engine in autograd fused; do
-  rows+=("$("$build/bench/train_throughput" --model mdlm --engine "$engine" \
-    ${gpt_args[@]+"${gpt_args[@]}"})")
-done
-rows+=("$("$venv/bin/python" bench/torch_gpt.py --mdlm ${gpt_args[@]+"${gpt_args[@]}"})")
-for model in ${IMAGE_MODELS-ddpm cnn 2nn}; do
-  rows+=("$("$build/bench/image_throughput" --model "$model" ${image_args[@]+"${image_args[@]}"})")
-  rows+=("$("$venv/bin/python" bench/torch_image.py --model "$model" \
-    ${image_args[@]+"${image_args[@]}"})")
-done
-python3 - "${rows[@]}" <<'PY'
+python3 - "$repeats" "${rows[@]}" <<'PY'
 import json, sys
-rows = [json.loads(x) for x in sys.argv[1:]]
+runs = {}
+for x in sys.argv[2:]:
+    r = json.loads(x)
+    runs.setdefault((r.get("model", "gpt"), r["engine"], r["threads"]), []).append(r)
+# Each program's run with the median ms/step (the lower of the middle two for an even count).
+rows = [sorted(v, key=lambda r: r["ms_per_step"])[(len(v) - 1) // 2] for v in runs.values()]
 for r in rows:
     r.setdefault("model", "gpt")
     r["rate"], r["unit"] = ((r["tokens_per_s"], "tok/s") if "tokens_per_s" in r
@@ -73,6 +88,7 @@ peer = {r["model"]: r for r in rows if r["engine"].startswith("pytorch")}
 mb = lambda v: f"{v:.0f}" if v is not None else "-"
 blas = sorted({r["blas"] for r in rows if "blas" in r})
 print("our OpenBLAS kernels: " + ", ".join(blas))
+print(f"each row: the median of {sys.argv[1]} runs, ours and PyTorch's interleaved")
 print("ours / pytorch: speed = throughput ratio (> 1: ours faster), RSS = peak RSS ratio; "
       "start MB: RSS before the model is built (libraries, interpreter)")
 print(f"{'model':<6}{'engine':<28}{'threads':>8}{'ms/step':>10}{'per second':>17}{'params':>10}"
