@@ -1,6 +1,7 @@
 // Element conversions shared by encoders and decode_add: fp16 / bf16 in both directions and the
 // finiteness check. x86 CPUs with F16C / AVX2 take the vector paths (same results bit for bit:
-// round to nearest even, no fused multiply-add); others run the plain loops.
+// round to nearest even, no fused multiply-add); arm64 encodes fp16 / bf16 and checks
+// finiteness with NEON (every arm64 CPU has it; the same bits); others run the plain loops.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -13,6 +14,9 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #define STARLING_COMPRESS_X86 1
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#define STARLING_COMPRESS_NEON 1
 #endif
 
 namespace starling::compress::internal {
@@ -301,6 +305,61 @@ __attribute__((target("avx2,f16c"))) void add_f32_bytes_avx2(const char* p, size
 }
 #endif
 
+#ifdef STARLING_COMPRESS_NEON
+// Lanes that are infinite or NaN: not |v| <= FLT_MAX (NaN compares false).
+inline uint32x4_t nonfinite_neon(float32x4_t v) {
+  return vmvnq_u32(vcleq_f32(vabsq_f32(v), vdupq_n_f32(FLT_MAX)));
+}
+
+// fcvtn rounds to nearest even (FPCR's default) and makes subnormal halves, as float_to_f16.
+uint32_t to_f16_neon(const float* x, size_t n, uint16_t* out) {
+  const float32x4_t hi = vdupq_n_f32(kF16Max), lo = vdupq_n_f32(-kF16Max);
+  uint32x4_t bad = vdupq_n_u32(0);
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float32x4_t v = vld1q_f32(x + i);
+    bad = vorrq_u32(bad, nonfinite_neon(v));
+    vst1_u16(out + i, vreinterpret_u16_f16(vcvt_f16_f32(vminq_f32(vmaxq_f32(v, lo), hi))));
+  }
+  uint32_t tail = 0;
+  for (; i < n; ++i) {
+    tail |= nonfinite(x[i]);
+    out[i] = float_to_f16(clamp_abs(x[i], kF16Max));
+  }
+  return tail | vmaxvq_u32(bad);
+}
+
+// float_to_bf16's rounding on 4 lanes: add 0x7fff plus the kept lowest bit, keep the top half.
+uint32_t to_bf16_neon(const float* x, size_t n, uint16_t* out) {
+  const float32x4_t hi = vdupq_n_f32(kBf16Max), lo = vdupq_n_f32(-kBf16Max);
+  const uint32x4_t one = vdupq_n_u32(1), half = vdupq_n_u32(0x7fff);
+  uint32x4_t bad = vdupq_n_u32(0);
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float32x4_t v = vld1q_f32(x + i);
+    bad = vorrq_u32(bad, nonfinite_neon(v));
+    const uint32x4_t u = vreinterpretq_u32_f32(vminq_f32(vmaxq_f32(v, lo), hi));
+    const uint32x4_t lsb = vandq_u32(vshrq_n_u32(u, 16), one);
+    vst1_u16(out + i, vshrn_n_u32(vaddq_u32(u, vaddq_u32(lsb, half)), 16));
+  }
+  uint32_t tail = 0;
+  for (; i < n; ++i) {
+    tail |= nonfinite(x[i]);
+    out[i] = float_to_bf16(clamp_abs(x[i], kBf16Max));
+  }
+  return tail | vmaxvq_u32(bad);
+}
+
+bool has_nonfinite_neon(const float* x, size_t n) {
+  uint32x4_t bad = vdupq_n_u32(0);
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) bad = vorrq_u32(bad, nonfinite_neon(vld1q_f32(x + i)));
+  uint32_t tail = 0;
+  for (; i < n; ++i) tail |= nonfinite(x[i]);
+  return (tail | vmaxvq_u32(bad)) != 0;
+}
+#endif
+
 }  // namespace
 
 bool quantize_int8_scalar(const float* x, size_t n, size_t b, int8_t* q, float* scales) {
@@ -330,6 +389,8 @@ bool quantize_int8_scalar(const float* x, size_t n, size_t b, int8_t* q, float* 
 bool has_nonfinite(std::span<const float> x) {
 #ifdef STARLING_COMPRESS_X86
   if (has_avx2_f16c()) return has_nonfinite_avx2(x.data(), x.size());
+#elif defined(STARLING_COMPRESS_NEON)
+  return has_nonfinite_neon(x.data(), x.size());
 #endif
   uint32_t b0 = 0, b1 = 0, b2 = 0, b3 = 0;
   size_t i = 0;
@@ -346,6 +407,8 @@ bool has_nonfinite(std::span<const float> x) {
 uint32_t floats_to_f16(std::span<const float> x, uint16_t* out) {
 #ifdef STARLING_COMPRESS_X86
   if (has_avx2_f16c()) return to_f16_avx2(x.data(), x.size(), out);
+#elif defined(STARLING_COMPRESS_NEON)
+  return to_f16_neon(x.data(), x.size(), out);
 #endif
   uint32_t bad = 0;
   for (size_t i = 0; i < x.size(); ++i) {
@@ -358,6 +421,8 @@ uint32_t floats_to_f16(std::span<const float> x, uint16_t* out) {
 uint32_t floats_to_bf16(std::span<const float> x, uint16_t* out) {
 #ifdef STARLING_COMPRESS_X86
   if (has_avx2_f16c()) return to_bf16_avx2(x.data(), x.size(), out);
+#elif defined(STARLING_COMPRESS_NEON)
+  return to_bf16_neon(x.data(), x.size(), out);
 #endif
   uint32_t bad = 0;
   for (size_t i = 0; i < x.size(); ++i) {

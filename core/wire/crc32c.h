@@ -1,4 +1,5 @@
-// CRC32C (Castagnoli), the checksum of every streamed chunk: SSE4.2 when present, else tables.
+// CRC32C (Castagnoli), the checksum of every streamed chunk: the CPU's crc32c instructions
+// (SSE4.2, arm64 CRC32) when present, else tables.
 #pragma once
 
 #include <cstdint>
