@@ -193,8 +193,10 @@ void pad_planes(const PadSpec& p, const float* src, int64_t channels, float* dst
 }
 
 // The flattened padded layout of one correlation at stride s. The image with ph rows and pw
-// columns of zeros each side is hp x wp. At stride 1 a channel is that plane, stored `plane`
-// floats apart, and output position p = y wp + x reads tap (i, j) at p + i wp + j. At s > 1 the
+// columns of zeros each side is hp x (w + 2 pw). At stride 1 a channel is that plane with rows
+// wp = w + pw apart, stored `plane` floats apart: a row's pw trailing zeros are also the next
+// row's leading ones (a tap reaches at most pw columns past either edge of a kept output's row),
+// and output position p = y wp + x reads tap (i, j) at p + i wp + j. At s > 1 the
 // padded image is split into s x s phase planes of hq x wq (phase (a, b): rows s u + a, columns
 // s v + b), `phase` floats apart, so tap (i, j) reads phase (i % s, j % s) at
 // p + (i / s) wq + j / s with p = y wq + x: a strided convolution is a sum of stride-1 ones and
@@ -206,11 +208,11 @@ struct Flat {
 };
 
 Flat flat_of(int64_t h, int64_t w, int64_t ph, int64_t pw, int64_t kh, int64_t kw, int64_t s = 1) {
-  Flat f{h, w, ph, pw, s, h + 2 * ph, w + 2 * pw, 0, 0, 0, 0, 0, 0, 0, {}};
+  Flat f{h, w, ph, pw, s, h + 2 * ph, w + pw, 0, 0, 0, 0, 0, 0, 0, {}};
   f.ho = (f.hp - kh) / s + 1;
-  f.wo = (f.wp - kw) / s + 1;
-  f.hq = f.ho + (kh - 1) / s;  // hp and wp at stride 1
-  f.wq = f.wo + (kw - 1) / s;
+  f.wo = (w + 2 * pw - kw) / s + 1;
+  f.hq = f.ho + (kh - 1) / s;  // hp at stride 1
+  f.wq = s == 1 ? f.wp : f.wo + (kw - 1) / s;
   f.npos = round_quantum((f.ho - 1) * f.wq + f.wo);
   const int64_t max_off = (kh - 1) / s * f.wq + (kw - 1) / s;
   // At stride 1 pad_planes writes up to the last row's right padding.
