@@ -56,7 +56,7 @@ TEST_CASE("cli: a DDPM federation of an aggregator and two clients over TLS", "[
   fs::remove_all(d);
   fs::create_directories(d);
   starling::testing::make_cli_pki(d, {"client-0", "client-1"}, "ddpm-test");
-  const int port = 20000 + static_cast<int>((getpid() + 7919) % 20000);
+  const int port = starling::testing::test_port(7919);
   const std::string common =
       "[rounds]\nnum_rounds = 2\nclients_per_round = 2\nmin_available = 2\nmin_updates = 2\n"
       "round_deadline_ms = 30000\n"

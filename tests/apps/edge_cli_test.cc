@@ -148,7 +148,7 @@ TEST_CASE("cli: allow-list and `certs revoke` + SIGHUP refuse clients of a live 
   CHECK_THAT(empty.out, Catch::Contains("0 revoked certificate(s)"));
   std::ofstream(d / "allowed.txt") << "# who may join\nclient-0\n";
 
-  const int port = 20000 + static_cast<int>((getpid() + 7919) % 20000);
+  const int port = starling::testing::test_port(7919);
   const std::string common =
       "[rounds]\nnum_rounds = 1000\nclients_per_round = 1\nmin_available = 1\n"
       "round_deadline_ms = 5000\n"
@@ -267,7 +267,7 @@ TEST_CASE("cli: SIGKILL of the aggregator at every stage of a round, ten times, 
   auto federate = [&](const std::string& name, const std::vector<std::string>& crashes) {
     const fs::path d = fs::temp_directory_path() / name;
     fs::create_directories(d);
-    const int port = 20000 + static_cast<int>((getpid() * 7 + name.size() * 131) % 20000);
+    const int port = starling::testing::test_port(static_cast<int>(name.size()) * 131 + 3001);
     write_federation(d, port, 2, common);
     std::vector<ChildProcess> clients;
     for (int k = 0; k < 2; ++k) {
@@ -332,7 +332,7 @@ TEST_CASE(
     const fs::path d = fs::temp_directory_path() / name;
     fs::remove_all(d);
     fs::create_directories(d);
-    const int port = 20000 + static_cast<int>((getpid() * 11 + name.size() * 173) % 20000);
+    const int port = starling::testing::test_port(static_cast<int>(name.size()) * 173 + 5003);
     write_federation(d, port, 3, common);
     std::vector<ChildProcess> clients;
     for (int k = 0; k < 3; ++k) {
@@ -392,7 +392,7 @@ TEST_CASE("cli: SIGKILL of a client mid-upload, restarted: the final model is bi
   auto federate = [&](const std::string& name, bool crash, bool keep_state) {
     const fs::path d = fs::temp_directory_path() / name;
     fs::create_directories(d);
-    const int port = 20000 + static_cast<int>((getpid() * 13 + name.size() * 257) % 20000);
+    const int port = starling::testing::test_port(static_cast<int>(name.size()) * 257 + 7001);
     const std::string state = keep_state
                                   ? "state_path = \"" + (d / "client-0.state").string() + "\"\n"
                                   : "state_path = \"none\"\n";

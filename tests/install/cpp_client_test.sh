@@ -53,7 +53,7 @@ for k in 0 1; do
     --out "$work/c$k"
 done
 "$client" init "$work/w.safetensors"
-port=$((20000 + ($$ + 3313) % 20000))
+port=$((20000 + ($$ + 3313) % 12000))  # below the ephemeral ports (32768 and up)
 common="[rounds]
 num_rounds = 4
 clients_per_round = 2
