@@ -1,7 +1,9 @@
-// Run-time choice of the direct convolution kernels' instruction set (conv_kernels.h).
+// Run-time choice of the vector kernels' instruction set (conv_kernels.h, small_gemm.h).
 #include "core/ops/internal/conv_kernels.h"
 
 #include <atomic>
+
+#include "core/ops/internal/small_gemm.h"
 
 namespace starling::ops::internal {
 
@@ -44,30 +46,27 @@ bool conv_isa_supported(ConvIsa isa) {
 
 ConvIsa force_conv_isa(ConvIsa isa) { return chosen().exchange(isa); }
 
-void correlate(const CorrelateArgs& a) {
-  switch (conv_isa()) {
+// Each kernel on the chosen instruction set.
 #if defined(__x86_64__)
-    case ConvIsa::kAvx512:
-      return correlate_avx512(a);
-    case ConvIsa::kAvx2:
-      return correlate_avx2(a);
-#endif
-    default:
-      return correlate_generic(a);
+#define STARLING_VECTOR_DISPATCH(name, Args) \
+  void name(const Args& a) {                 \
+    switch (conv_isa()) {                    \
+      case ConvIsa::kAvx512:                 \
+        return name##_avx512(a);             \
+      case ConvIsa::kAvx2:                   \
+        return name##_avx2(a);               \
+      default:                               \
+        return name##_generic(a);            \
+    }                                        \
   }
-}
+#else
+#define STARLING_VECTOR_DISPATCH(name, Args) \
+  void name(const Args& a) { return name##_generic(a); }
+#endif
 
-void weight_grad(const WeightGradArgs& a) {
-  switch (conv_isa()) {
-#if defined(__x86_64__)
-    case ConvIsa::kAvx512:
-      return weight_grad_avx512(a);
-    case ConvIsa::kAvx2:
-      return weight_grad_avx2(a);
-#endif
-    default:
-      return weight_grad_generic(a);
-  }
-}
+STARLING_VECTOR_DISPATCH(correlate, CorrelateArgs)
+STARLING_VECTOR_DISPATCH(weight_grad, WeightGradArgs)
+STARLING_VECTOR_DISPATCH(small_gemm, SmallGemmArgs)
+#undef STARLING_VECTOR_DISPATCH
 
 }  // namespace starling::ops::internal

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include "core/ops/internal/conv_kernels_impl.h"
+#include "core/ops/internal/small_gemm_impl.h"
 
 namespace starling::ops::internal {
 namespace {
@@ -15,6 +16,7 @@ struct Avx2 {
   static constexpr int kCorrVecs = 2;
   static constexpr int kGradRows3 = 4;
   static constexpr int kGradRows5 = 2;
+  static constexpr int kGemmRows = 8;
   static constexpr int kGradTaps = 8;
   static T load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
@@ -36,6 +38,7 @@ struct Avx2 {
 
 void correlate_avx2(const CorrelateArgs& a) { correlate_impl<Avx2>(a); }
 void weight_grad_avx2(const WeightGradArgs& a) { weight_grad_impl<Avx2>(a); }
+void small_gemm_avx2(const SmallGemmArgs& g) { small_gemm_impl<Avx2>(g); }
 
 }  // namespace starling::ops::internal
 #endif

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include "core/ops/internal/conv_kernels_impl.h"
+#include "core/ops/internal/small_gemm_impl.h"
 
 namespace starling::ops::internal {
 namespace {
@@ -15,6 +16,7 @@ struct Avx512 {
   static constexpr int kCorrVecs = 6;
   static constexpr int kGradRows3 = 9;
   static constexpr int kGradRows5 = 5;
+  static constexpr int kGemmRows = 16;
   static constexpr int kGradTaps = 9;
   static T load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
@@ -41,6 +43,7 @@ struct Avx512 {
 
 void correlate_avx512(const CorrelateArgs& a) { correlate_impl<Avx512>(a); }
 void weight_grad_avx512(const WeightGradArgs& a) { weight_grad_impl<Avx512>(a); }
+void small_gemm_avx512(const SmallGemmArgs& g) { small_gemm_impl<Avx512>(g); }
 
 }  // namespace starling::ops::internal
 #endif

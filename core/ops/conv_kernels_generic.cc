@@ -7,6 +7,7 @@
 #endif
 
 #include "core/ops/internal/conv_kernels_impl.h"
+#include "core/ops/internal/small_gemm_impl.h"
 
 namespace starling::ops::internal {
 namespace {
@@ -21,6 +22,7 @@ struct Generic {
   static constexpr int kCorrVecs = 2;
   static constexpr int kGradRows3 = 4;
   static constexpr int kGradRows5 = 2;
+  static constexpr int kGemmRows = 8;
   static constexpr int kGradTaps = 8;
   static T load(const float* p) {
     T v;
@@ -50,5 +52,6 @@ struct Generic {
 
 void correlate_generic(const CorrelateArgs& a) { correlate_impl<Generic>(a); }
 void weight_grad_generic(const WeightGradArgs& a) { weight_grad_impl<Generic>(a); }
+void small_gemm_generic(const SmallGemmArgs& g) { small_gemm_impl<Generic>(g); }
 
 }  // namespace starling::ops::internal

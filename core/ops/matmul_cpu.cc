@@ -1,4 +1,5 @@
-// CPU matrix products: OpenBLAS sgemm/dgemm, with the backward products of each.
+// CPU matrix products: OpenBLAS sgemm/dgemm (float products of a few rows: small_gemm.h), with
+// the backward products of each.
 #include <cblas.h>
 #include <omp.h>
 
@@ -6,6 +7,7 @@
 
 #include "core/autograd/autograd.h"
 #include "core/ops/internal/op_util.h"
+#include "core/ops/internal/small_gemm.h"
 #include "core/ops/matmul.h"
 #include "core/ops/reduce.h"
 
@@ -59,11 +61,33 @@ class SerialBlas {
 
 bool serial(int64_t m, int64_t n, int64_t k) { return m * n * k < kSerialMacs; }
 
+// Where small_gemm takes over from OpenBLAS: B of at least this many elements, whose packing
+// is the cost it saves (a dense layer's weight; not attention's per-head products, whose
+// results then stay those of one code path for any number of rows).
+constexpr int64_t kSmallGemmMinB = int64_t{1} << 16;
+
+// C = alpha A op(B) + beta C for A of at most kSmallGemmRows rows (small_gemm.h), its columns
+// split over threads when the product is large enough to pay for waking them.
+void small_float_gemm(bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const int64_t parts = serial(m, n, k) ? 1 : std::min<int64_t>(omp_get_max_threads(), n / 64);
+#pragma omp parallel for schedule(static) if (parts > 1)
+  for (int64_t t = 0; t < std::max<int64_t>(parts, 1); ++t) {
+    // Column ranges in whole 64s, so each range's vector tiles are the same for any split.
+    const int64_t per = (n / 64 + parts - 1) / std::max<int64_t>(parts, 1) * 64;
+    const int64_t n0 = std::min(n, t * per), n1 = t + 1 == parts ? n : std::min(n, n0 + per);
+    if (n0 < n1) small_gemm({tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, n0, n1});
+  }
+}
+
 }  // namespace
 
 template <>
 void gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (!ta && m >= 1 && m <= kSmallGemmRows && n * k >= kSmallGemmMinB) {
+    return small_float_gemm(tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
   if (few_rows(m, n, k)) {
     return gemm_rows<float>(cblas_sgemv, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
