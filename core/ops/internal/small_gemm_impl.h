@@ -93,9 +93,9 @@ void small_gemm_impl(const SmallGemmArgs& g0) {
     g.a = g0.a + i0 * g0.lda;
     g.c = g0.c + i0 * g0.ldc;
     switch (g.m) {
-#define STARLING_SG_CASE(N)                              \
-  case N:                                                \
-    small_gemm_rows<V, (N <= kMax ? N : 1)>(g);          \
+#define STARLING_SG_CASE(N)                     \
+  case N:                                       \
+    small_gemm_rows<V, (N <= kMax ? N : 1)>(g); \
     break;
       STARLING_SG_CASE(1)
       STARLING_SG_CASE(2)
