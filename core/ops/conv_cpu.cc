@@ -428,23 +428,14 @@ void direct_weight_grad(const ConvGeom& g, const float* x, const float* gy, floa
     if (!as_is) layout_planes(f, x + img * g.ci * g.h * g.w, g.ci, xs + img * g.ci * f.plane);
     float* t = gt + img * hwo * co_stride;
     const float* s = gy + img * g.co * hwo;
-    if (gb) {
-      float* bp = bpart.data() + img * co_stride;
-      for (int64_t p = 0; p < hwo; ++p) {
-        float* row = t + p * co_stride;
-        for (int64_t o = 0; o < g.co; ++o) {
-          const float v = s[o * hwo + p];
-          row[o] = v;
-          bp[o] += v;
-        }
-        for (int64_t o = g.co; o < co_stride; ++o) row[o] = 0.0f;
+    float* bp = gb ? bpart.data() + img * co_stride : nullptr;
+    for (int64_t p = 0; p < hwo; ++p) {
+      float* row = t + p * co_stride;
+      for (int64_t o = 0; o < g.co; ++o) {
+        row[o] = s[o * hwo + p];
+        if (bp) bp[o] += row[o];
       }
-    } else {
-      for (int64_t p = 0; p < hwo; ++p) {
-        float* row = t + p * co_stride;
-        for (int64_t o = 0; o < g.co; ++o) row[o] = s[o * hwo + p];
-        for (int64_t o = g.co; o < co_stride; ++o) row[o] = 0.0f;
-      }
+      for (int64_t o = g.co; o < co_stride; ++o) row[o] = 0.0f;
     }
   }
   if (gb)

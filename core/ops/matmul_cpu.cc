@@ -70,11 +70,13 @@ constexpr int64_t kSmallGemmMinB = int64_t{1} << 16;
 // split over threads when the product is large enough to pay for waking them.
 void small_float_gemm(bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                       int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const int64_t parts = serial(m, n, k) ? 1 : std::min<int64_t>(omp_get_max_threads(), n / 64);
+  const int64_t parts =
+      serial(m, n, k) ? 1
+                      : std::clamp<int64_t>(std::min<int64_t>(omp_get_max_threads(), n / 64), 1, n);
+  // Column ranges in whole 64s, so each range's vector tiles are the same for any split.
+  const int64_t per = (n / 64 + parts - 1) / parts * 64;
 #pragma omp parallel for schedule(static) if (parts > 1)
-  for (int64_t t = 0; t < std::max<int64_t>(parts, 1); ++t) {
-    // Column ranges in whole 64s, so each range's vector tiles are the same for any split.
-    const int64_t per = (n / 64 + parts - 1) / std::max<int64_t>(parts, 1) * 64;
+  for (int64_t t = 0; t < parts; ++t) {
     const int64_t n0 = std::min(n, t * per), n1 = t + 1 == parts ? n : std::min(n, n0 + per);
     if (n0 < n1) small_gemm({tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, n0, n1});
   }

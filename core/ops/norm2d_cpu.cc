@@ -19,6 +19,11 @@ namespace starling::ops {
 
 namespace {
 
+// Eight partial sums added in a fixed tree.
+inline double sum8(const double* p) {
+  return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
+}
+
 // The sum of f(j) for j < n in double: 8 partial sums, then the tail.
 template <typename F>
 double dsum(int64_t n, F f) {
@@ -28,7 +33,7 @@ double dsum(int64_t n, F f) {
     for (int k = 0; k < 8; ++k) acc[k] += f(j + k);
   double tail = 0;
   for (; j < n; ++j) tail += f(j);
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+  return sum8(acc) + tail;
 }
 
 // The sums of x[j] and x[j]^2 for j < n in double, in one pass: 8 partial sums of each.
@@ -47,13 +52,17 @@ std::pair<double, double> dsum2(int64_t n, const float* x) {
     ta += d;
     tq += d * d;
   }
-  const auto total = [](const double* p, double t) {
-    return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7])) + t;
-  };
-  return {total(a, ta), total(q, tq)};
+  return {sum8(a) + ta, sum8(q) + tq};
 }
 
 using internal::exp_t;
+
+// A channel's y = a x + sh: a = rs w, sh = b - m a (forward and SiLU's backward alike).
+template <typename T>
+std::pair<T, T> channel_affine(double m, double rs, T w, T b) {
+  const T a = static_cast<T>(rs) * w;
+  return {a, b - static_cast<T>(m) * a};
+}
 
 // y = a x + sh, then SiLU (or not), over n elements.
 template <typename T, bool kSilu>
@@ -133,8 +142,7 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
       const int64_t c0 = (r % groups) * cg;
       T* orow = po + r * len;
       for (int64_t ch = 0; ch < cg; ++ch) {
-        const T a = static_cast<T>(rs) * pw[c0 + ch];
-        const T sh = (pb ? pb[c0 + ch] : T(0)) - static_cast<T>(m) * a;
+        const auto [a, sh] = channel_affine<T>(m, rs, pw[c0 + ch], pb ? pb[c0 + ch] : T(0));
         if (silu)
           affine_row<T, true>(row + ch * hw, hw, a, sh, orow + ch * hw);
         else
@@ -171,8 +179,7 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
             const T* grow = pg + r * len;
             if (silu) {
               for (int64_t ch = 0; ch < cg; ++ch) {
-                const T a = static_cast<T>(rs) * pw[c0 + ch];
-                const T sh = (pb ? pb[c0 + ch] : T(0)) - static_cast<T>(m) * a;
+                const auto [a, sh] = channel_affine<T>(m, rs, pw[c0 + ch], pb ? pb[c0 + ch] : T(0));
                 silu_grad_row<T>(grow + ch * hw, row + ch * hw, hw, a, sh, gxrow + ch * hw);
               }
               grow = gxrow;
