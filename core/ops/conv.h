@@ -1,5 +1,6 @@
-// 2-D convolution over NCHW tensors (im2col + BLAS GEMM on the CPU), differentiable in the
-// input, the weight and the bias. Weights use PyTorch's layout (C_out, C_in, kH, kW).
+// 2-D convolution over NCHW tensors, differentiable in the input, the weight and the bias.
+// Weights use PyTorch's layout (C_out, C_in, kH, kW). On the CPU float32 runs direct vector
+// kernels and float64 im2col + GEMM (core/ops/conv_cpu.cc).
 #pragma once
 
 #include <cstdint>
@@ -14,5 +15,13 @@ namespace starling::ops {
 // REQUIRES: stride >= 1, padding >= 0, H_out >= 1 and W_out >= 1 (aborts otherwise).
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(), int64_t stride = 1,
               int64_t padding = 0);
+
+namespace internal {
+// The CPU path conv2d takes for these shapes: "lanes" (float32, images in the vector lanes),
+// "flat" (float32, flattened padded planes), "pointwise" (float32 1x1 in place) or "im2col".
+// For tests and benchmarks; shapes as conv2d requires them.
+const char* conv2d_cpu_path(const Shape& x, const Shape& w, int64_t stride, int64_t padding,
+                            DType dtype);
+}  // namespace internal
 
 }  // namespace starling::ops

@@ -3,10 +3,12 @@
 // with the kernel flipped and transposed) over zero-padded copies of the images, the weight
 // gradient a sum of shifted products, and none of them builds a column matrix. A strided
 // convolution splits the padded image into phases, one stride-1 correlation each; a 1x1
-// convolution without padding reads and writes the tensors as they are. Float64 (and padding
-// of a kernel's size or more) unfolds images (im2col) a chunk of the batch at a time into a
-// (C_in kH kW, n H_out W_out) matrix, so one GEMM with the (C_out, C_in kH kW) weight serves the
-// whole chunk; its backward pass recomputes the columns instead of keeping them; the float64
+// convolution without padding reads and writes the tensors as they are. Batches of 16 images
+// or more on small planes (and strided convolutions) put the images in the vector lanes
+// instead, where the flattened planes would compute too many padding columns (lanes_path). Float64
+// (and padding of a kernel's size or more) unfolds images (im2col) a chunk of the batch at a time
+// into a (C_in kH kW, n H_out W_out) matrix, so one GEMM with the (C_out, C_in kH kW) weight serves
+// the whole chunk; its backward pass recomputes the columns instead of keeping them; the float64
 // finite-difference checks cover it.
 #include <omp.h>
 
@@ -458,6 +460,324 @@ void direct_weight_grad(const ConvGeom& g, const float* x, const float* gy, floa
     for (int64_t k = 0; k < g.ci * taps; ++k) gw[o * g.ci * taps + k] = dwt[k * co_stride + o];
 }
 
+// gb[o] += the sum of gy (b, co, ho, wo) over images and positions: 16 interleaved partial
+// sums per image (vectorized; one running sum waits on every add), images in order.
+void bias_grad(const ConvGeom& g, const float* gy, float* gb) {
+  const int64_t hwo = g.hw_out();
+  for (int64_t img = 0; img < g.b; ++img)
+    for (int64_t o = 0; o < g.co; ++o) {
+      const float* row = gy + (img * g.co + o) * hwo;
+      float part[16] = {};
+      int64_t p = 0;
+      for (; p + 16 <= hwo; p += 16)
+        for (int k = 0; k < 16; ++k) part[k] += row[p + k];
+      for (; p < hwo; ++p) part[p % 16] += row[p];
+      for (int half = 8; half >= 1; half /= 2)
+        for (int k = 0; k < half; ++k) part[k] += part[k + half];
+      gb[o] += part[0];
+    }
+}
+
+// ---- The batch-in-lanes float32 path ----
+//
+// Images go into the vector lanes: a position holds kConvQuantum images side by side, so a tap
+// is a shift by whole positions and only kept outputs are computed, where the flattened layout
+// computes its padding columns and rounds positions up to whole vectors (64 positions for 49 at
+// 7x7, 224 for 196 at 14x14). A tensor of C channels is laid out [c][group][q][image]: groups of
+// kConvQuantum images (zeros past the batch), q a position of the zero-padded plane, whose
+// rows are wp = w + pw apart and share their padding as in flat_of. Moving between this layout
+// and (B, C, H, W) is a 16 x 16 transpose per 16 positions (internal::transpose16). The weight
+// gradient is internal::lane_weight_grad: vectors over images, summed over the lanes at the end.
+
+constexpr int64_t kLanes = kConvQuantum;
+
+int64_t lane_groups(int64_t b) { return (b + kLanes - 1) / kLanes; }
+
+// An h x w plane with ph rows and pw columns of zeros each side: image (y, x) at position
+// (y + ph) wp + x + pw, padded (r, c) at r wp + c, `plane` positions in all.
+struct LanePlane {
+  int64_t h, w, ph, pw, wp, plane;
+  int64_t pos(int64_t p) const { return (p / w + ph) * wp + p % w + pw; }
+};
+
+LanePlane lane_plane(int64_t h, int64_t w, int64_t ph, int64_t pw) {
+  return {h, w, ph, pw, w + pw, (h + 2 * ph) * (w + pw) + pw};
+}
+
+// Per unit (group, y < ho, x < wo in order): the offset in floats of padded position
+// (y s + row, x s + col) of the group's plane.
+std::vector<int64_t> lane_units(const LanePlane& lp, int64_t groups, int64_t ho, int64_t wo,
+                                int64_t s, int64_t row, int64_t col) {
+  std::vector<int64_t> u;
+  u.reserve(static_cast<size_t>(groups * ho * wo));
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t y = 0; y < ho; ++y)
+      for (int64_t x = 0; x < wo; ++x)
+        u.push_back((g * lp.plane + (y * s + row) * lp.wp + x * s + col) * kLanes);
+  return u;
+}
+
+// The pointer pairs of a batch of transposes, kept per thread across calls.
+struct TransposeBatch {
+  std::vector<const float*> src;
+  std::vector<float*> dst;
+  void clear() {
+    src.clear();
+    dst.clear();
+  }
+  void run() {
+    if (!src.empty())
+      internal::transpose16({src.data(), dst.data(), static_cast<int64_t>(src.size()) / kLanes});
+  }
+};
+
+TransposeBatch& transpose_batch() {
+  thread_local TransposeBatch t;
+  t.clear();
+  return t;
+}
+
+// Groups [g0, g1): their part of a lanes-path stage. `team`: the stage splits its own work over
+// the OpenMP team; otherwise it runs on the calling thread.
+struct GroupRange {
+  int64_t g0, g1;
+  bool team;
+};
+
+// Runs f(range) over all groups: one group range per thread where the groups share out evenly
+// (then each thread lays out, correlates and unpacks its own images, and no cache line crosses
+// cores between the stages), else once over every group with each stage split on the team.
+template <typename F>
+void over_groups(int64_t groups, F&& f) {
+  const int64_t threads = omp_get_max_threads();
+  if (threads > 1 && groups >= threads && (groups % threads == 0 || groups >= 4 * threads)) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < threads; ++t)
+      f(GroupRange{groups * t / threads, groups * (t + 1) / threads, false});
+  } else {
+    f(GroupRange{0, groups, true});
+  }
+}
+
+// dst ([channels][groups][lp.plane][kLanes]) = src (b, channels, lp.h, lp.w) in lanes, with zero
+// padding and zero lanes past b, for the groups of r.
+void to_lanes(const LanePlane& lp, const float* src, int64_t b, int64_t channels, float* dst,
+              const GroupRange& r) {
+  static constexpr float kZeros[kLanes] = {};
+  const int64_t groups = lane_groups(b), hw = lp.h * lp.w, whole = hw / kLanes * kLanes;
+#pragma omp parallel for collapse(2) \
+    schedule(static) if (r.team && channels * (r.g1 - r.g0) * hw > (1 << 14))
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t g = r.g0; g < r.g1; ++g) {
+      float* d = dst + (c * groups + g) * lp.plane * kLanes;
+      // The padding: before the first row, after each row, after the last.
+      std::fill(d, d + lp.pos(0) * kLanes, 0.0f);
+      for (int64_t y = 0; y < lp.h; ++y) {
+        const int64_t from = lp.pos(y * lp.w) + lp.w;
+        const int64_t to = y + 1 < lp.h ? lp.pos((y + 1) * lp.w) : lp.plane;
+        std::fill(d + from * kLanes, d + to * kLanes, 0.0f);
+      }
+      const float* img[kLanes];
+      for (int64_t i = 0; i < kLanes; ++i) {
+        const int64_t n = g * kLanes + i;
+        img[i] = n < b ? src + (n * channels + c) * hw : nullptr;
+      }
+      TransposeBatch& t = transpose_batch();
+      for (int64_t p0 = 0; p0 < whole; p0 += kLanes) {
+        for (int64_t i = 0; i < kLanes; ++i) t.src.push_back(img[i] ? img[i] + p0 : kZeros);
+        for (int64_t j = 0; j < kLanes; ++j) t.dst.push_back(d + lp.pos(p0 + j) * kLanes);
+      }
+      t.run();
+      for (int64_t p = whole; p < hw; ++p) {
+        float* dp = d + lp.pos(p) * kLanes;
+        for (int64_t i = 0; i < kLanes; ++i) dp[i] = img[i] ? img[i][p] : 0.0f;
+      }
+    }
+}
+
+// dst (b, channels, h, w) = src ([channels][groups][h w][kLanes], no padding) out of lanes, for
+// the groups of r.
+void from_lanes(int64_t h, int64_t w, const float* src, int64_t b, int64_t channels, float* dst,
+                const GroupRange& r) {
+  const int64_t groups = lane_groups(b), hw = h * w, whole = hw / kLanes * kLanes;
+#pragma omp parallel for collapse(2) \
+    schedule(static) if (r.team && channels * (r.g1 - r.g0) * hw > (1 << 14))
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t g = r.g0; g < r.g1; ++g) {
+      const float* s = src + (c * groups + g) * hw * kLanes;
+      // Lanes past the batch land in a sink.
+      float sink[kLanes * kLanes];
+      float* img[kLanes];
+      for (int64_t j = 0; j < kLanes; ++j) {
+        const int64_t n = g * kLanes + j;
+        img[j] = n < b ? dst + (n * channels + c) * hw : nullptr;
+      }
+      TransposeBatch& t = transpose_batch();
+      for (int64_t p0 = 0; p0 < whole; p0 += kLanes) {
+        for (int64_t i = 0; i < kLanes; ++i) t.src.push_back(s + (p0 + i) * kLanes);
+        for (int64_t j = 0; j < kLanes; ++j)
+          t.dst.push_back(img[j] ? img[j] + p0 : sink + j * kLanes);
+      }
+      t.run();
+      for (int64_t p = whole; p < hw; ++p)
+        for (int64_t j = 0; j < kLanes; ++j)
+          if (img[j]) img[j][p] = s[p * kLanes + j];
+    }
+}
+
+// out (kLanes floats per unit and channel, `units` of them per channel) = the correlation of
+// `in` over the units of r's groups (per_group units each). On the team each thread takes whole
+// blocks of output channels where there are enough to share (a few dozen units split in two
+// would leave one thread a tile more than the other), else a share of the units. Every output
+// is one call's, so the bits do not depend on the split.
+void correlate_units(const float* in, int64_t in_plane, int64_t ci, const std::vector<int64_t>& off,
+                     const std::vector<float>& wpk, int64_t co, const float* bias,
+                     const std::vector<int64_t>& units, int64_t per_group, float* out,
+                     const GroupRange& r) {
+  const auto n = static_cast<int64_t>(units.size());
+  const auto taps = static_cast<int64_t>(off.size());
+  const int64_t u_lo = r.g0 * per_group, u_hi = r.g1 * per_group;
+  const int64_t blocks = (co + kConvOutBlock - 1) / kConvOutBlock;
+  const int64_t parts =
+      r.team ? std::clamp<int64_t>(omp_get_max_threads(), 1, std::max(blocks, (u_hi - u_lo) / 24))
+             : 1;
+  const bool by_out = blocks >= 2 * parts || blocks % parts == 0;
+#pragma omp parallel for schedule(static) if (parts > 1)
+  for (int64_t t = 0; t < parts; ++t) {
+    int64_t b0 = 0, b1 = blocks, u0 = u_lo, u1 = u_hi;
+    if (by_out) {
+      b0 = blocks * t / parts;
+      b1 = blocks * (t + 1) / parts;
+    } else {
+      u0 = u_lo + (u_hi - u_lo) * t / parts;
+      u1 = u_lo + (u_hi - u_lo) * (t + 1) / parts;
+    }
+    const int64_t o0 = b0 * kConvOutBlock, o1 = std::min(co, b1 * kConvOutBlock);
+    if (o1 > o0 && u1 > u0)
+      internal::correlate({in, in_plane, ci, off.data(), taps,
+                           wpk.data() + b0 * ci * taps * kConvOutBlock, o1 - o0,
+                           out + (o0 * n + u0) * kLanes, n * kLanes, (u1 - u0) * kLanes,
+                           bias ? bias + o0 : nullptr, units.data() + u0});
+  }
+}
+
+// Tap offsets (i wp + j) kLanes of a kh x kw kernel.
+std::vector<int64_t> lane_taps(const LanePlane& lp, int64_t kh, int64_t kw) {
+  std::vector<int64_t> off;
+  for (int64_t i = 0; i < kh; ++i)
+    for (int64_t j = 0; j < kw; ++j) off.push_back((i * lp.wp + j) * kLanes);
+  return off;
+}
+
+// Whether the lanes waste less than the flattened layout: lanes past the batch against the
+// padding columns and the rounding of flat_of's positions. At stride 1 by a fifth or more, to pay
+// for the transposes (measured at batch 32 on one core: 7x7 images, 31% wasted flat, run 17%
+// faster in lanes; 14x14, 14% wasted, as fast either way); at a stride the phase planes cost a
+// layout of their own, so equal waste will do. 1x1 products without padding waste nothing in
+// place.
+bool lanes_path(const ConvGeom& g) {
+  if (pointwise(g)) return false;
+  const Flat f = flat_of(g.h, g.w, g.pad, g.pad, g.kh, g.kw, g.stride);
+  const int64_t lanes = lane_groups(g.b) * kLanes * g.hw_out(), flat = g.b * f.npos;
+  return g.stride > 1 ? lanes <= flat : 6 * lanes <= 5 * flat;
+}
+
+// out (b, co, ho, wo) = x correlated with w plus bias, through lanes; returns x in lanes when
+// `keep` (for the weight gradient), else an undefined tensor (x in lanes then lives in scratch).
+Tensor lanes_forward(const ConvGeom& g, const float* x, const float* w, const float* bias,
+                     float* out, bool keep) {
+  const LanePlane lp = lane_plane(g.h, g.w, g.pad, g.pad);
+  const int64_t groups = lane_groups(g.b), in_plane = groups * lp.plane * kLanes;
+  Tensor xl = keep ? Tensor::uninitialized({g.ci * in_plane}, DType::kF32) : Tensor();
+  float* px = keep ? xl.data<float>() : scratch<float>(0, g.ci * in_plane);
+  const auto units = lane_units(lp, groups, g.ho, g.wo, g.stride, 0, 0);
+  const auto taps = lane_taps(lp, g.kh, g.kw);
+  const auto wpk = pack_weights(w, g.co, g.ci, g.kh * g.kw, false);
+  float* ol = scratch<float>(1, g.co * groups * g.hw_out() * kLanes);
+  over_groups(groups, [&](const GroupRange& r) {
+    to_lanes(lp, x, g.b, g.ci, px, r);
+    correlate_units(px, in_plane, g.ci, taps, wpk, g.co, bias, units, g.hw_out(), ol, r);
+    from_lanes(g.ho, g.wo, ol, g.b, g.co, out, r);
+  });
+  return xl;
+}
+
+// Whether the weight gradient of a lanes-path convolution is taken in lanes (from x in lanes)
+// or by direct_weight_grad (from x): at stride 1 direct_weight_grad visits only real positions
+// too and keeps its gradients in registers across the whole sum (lane_weight_grad reduces its
+// lanes at the end); at a stride its phase layout wastes what the lanes do not.
+bool lanes_weight_grad(const ConvGeom& g) { return g.stride > 1; }
+
+// The three gradients of the lanes path, from x (lanes_weight_grad false) or x in lanes
+// (lanes_forward's). The input gradient at stride 1 correlates gy in lanes (padded by
+// k - 1 - pad) with the flipped kernel; at a stride it takes the phases of strided_input_grad.
+std::vector<Tensor> lanes_backward(const ConvGeom& g, const Tensor& xk, const Tensor& w,
+                                   const Tensor& gy, bool has_bias, bool need_x, bool need_w) {
+  Tensor gx, gw, gb;
+  const float* pg = gy.data<float>();
+  const int64_t groups = lane_groups(g.b), taps = g.kh * g.kw;
+  const bool lanes_w = need_w && lanes_weight_grad(g);
+  if (has_bias) {
+    gb = Tensor::zeros({g.co}, DType::kF32);
+    if (!need_w || lanes_w) bias_grad(g, pg, gb.data<float>());
+  }
+  const bool corr_x = need_x && g.stride == 1;
+  const LanePlane gp = corr_x ? lane_plane(g.ho, g.wo, g.kh - 1 - g.pad, g.kw - 1 - g.pad)
+                              : lane_plane(g.ho, g.wo, 0, 0);
+  const int64_t gy_plane = groups * gp.plane * kLanes;
+  float* gyl = corr_x || lanes_w ? scratch<float>(2, g.co * gy_plane) : nullptr;
+  if (need_x) gx = Tensor::uninitialized({g.b, g.ci, g.h, g.w}, DType::kF32);
+  if (corr_x) {
+    // gy into lanes, the correlation and gx out of lanes, group by group.
+    float* gxl = scratch<float>(1, g.ci * groups * g.h * g.w * kLanes);
+    const auto units = lane_units(gp, groups, g.h, g.w, 1, 0, 0);
+    const auto off = lane_taps(gp, g.kh, g.kw);
+    const auto wpk = pack_weights(w.data<float>(), g.co, g.ci, taps, true);
+    over_groups(groups, [&](const GroupRange& r) {
+      to_lanes(gp, pg, g.b, g.co, gyl, r);
+      correlate_units(gyl, gy_plane, g.co, off, wpk, g.ci, nullptr, units, g.h * g.w, gxl, r);
+      from_lanes(g.h, g.w, gxl, g.b, g.ci, gx.data<float>(), r);
+    });
+  } else if (lanes_w) {
+    to_lanes(gp, pg, g.b, g.co, gyl, GroupRange{0, groups, true});
+  }
+  if (need_x && !corr_x) strided_input_grad(g, pg, w.data<float>(), gx.data<float>());
+  if (need_w && !lanes_w) {
+    gw = Tensor::uninitialized(w.shape(), DType::kF32);
+    direct_weight_grad(g, xk.data<float>(), pg, gw.data<float>(),
+                       has_bias ? gb.data<float>() : nullptr);
+  } else if (need_w) {
+    gw = Tensor::uninitialized(w.shape(), DType::kF32);
+    const LanePlane lp = lane_plane(g.h, g.w, g.pad, g.pad);
+    const int64_t x_plane = groups * lp.plane * kLanes;
+    const auto x_off = lane_units(lp, groups, g.ho, g.wo, g.stride, 0, 0);
+    const auto gy_off = lane_units(gp, groups, g.ho, g.wo, 1, gp.ph, gp.pw);
+    std::vector<int64_t> roff, dst;
+    for (int64_t c = 0; c < g.ci; ++c)
+      for (int64_t i = 0; i < g.kh; ++i)
+        for (int64_t j = 0; j < g.kw; ++j) {
+          roff.push_back(c * x_plane + (i * lp.wp + j) * kLanes);
+          dst.push_back((c * g.kh + i) * g.kw + j);
+        }
+    // Tasks of 4 output channels x 36 entries (whole tiles on every instruction set).
+    constexpr int64_t kOuts = 4, kEntries = 36;
+    const int64_t entries = g.ci * taps, oblocks = (g.co + kOuts - 1) / kOuts,
+                  eblocks = (entries + kEntries - 1) / kEntries;
+    const float* px = xk.data<float>();
+    float* pw = gw.data<float>();
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t ob = 0; ob < oblocks; ++ob)
+      for (int64_t eb = 0; eb < eblocks; ++eb) {
+        const int64_t e0 = eb * kEntries;
+        internal::lane_weight_grad({gyl, gy_off.data(), px, x_off.data(),
+                                    static_cast<int64_t>(x_off.size()), roff.data() + e0,
+                                    dst.data() + e0, std::min(kEntries, entries - e0), gy_plane,
+                                    ob * kOuts, std::min(g.co, (ob + 1) * kOuts), pw, entries});
+      }
+  }
+  return {gx, gw, gb};
+}
+
 // The three gradients of the direct path; every element of gx and gw is written.
 std::vector<Tensor> direct_backward(const ConvGeom& g, const Tensor& x, const Tensor& w,
                                     const Tensor& gy, bool has_bias, bool need_x, bool need_w) {
@@ -476,25 +796,28 @@ std::vector<Tensor> direct_backward(const ConvGeom& g, const Tensor& x, const Te
     direct_weight_grad(g, x.data<float>(), pg, gw.data<float>(),
                        has_bias ? gb.data<float>() : nullptr);
   } else if (has_bias) {
-    float* pb = gb.data<float>();
-    const int64_t hwo = g.hw_out();
-    for (int64_t img = 0; img < g.b; ++img)
-      for (int64_t o = 0; o < g.co; ++o) {
-        // 16 interleaved partial sums (vectorized; one running sum waits on every add).
-        const float* row = pg + (img * g.co + o) * hwo;
-        float part[16] = {};
-        int64_t p = 0;
-        for (; p + 16 <= hwo; p += 16)
-          for (int k = 0; k < 16; ++k) part[k] += row[p + k];
-        for (; p < hwo; ++p) part[p % 16] += row[p];
-        for (int half = 8; half >= 1; half /= 2)
-          for (int k = 0; k < half; ++k) part[k] += part[k + half];
-        pb[o] += part[0];
-      }
+    bias_grad(g, pg, gb.data<float>());
   }
   return {gx, gw, gb};
 }
+ConvGeom geom_of(const Shape& x, const Shape& w, int64_t stride, int64_t padding) {
+  ConvGeom g{x[0], x[1], x[2], x[3], w[0], w[2], w[3], stride, padding, 0, 0};
+  g.ho = (g.h + 2 * padding - g.kh) / stride + 1;
+  g.wo = (g.w + 2 * padding - g.kw) / stride + 1;
+  return g;
+}
+
 }  // namespace
+
+namespace internal {
+const char* conv2d_cpu_path(const Shape& x, const Shape& w, int64_t stride, int64_t padding,
+                            DType dtype) {
+  const ConvGeom g = geom_of(x, w, stride, padding);
+  if (!direct_path(g, dtype)) return "im2col";
+  if (lanes_path(g)) return "lanes";
+  return pointwise(g) ? "pointwise" : "flat";
+}
+}  // namespace internal
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride,
               int64_t padding) {
@@ -509,22 +832,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
   STARLING_OP_CHECK(stride >= 1 && padding >= 0, op,
                     "stride must be >= 1 and padding >= 0, got stride " + std::to_string(stride) +
                         " padding " + std::to_string(padding));
-  ConvGeom g{x.shape()[0],
-             x.shape()[1],
-             x.shape()[2],
-             x.shape()[3],
-             w.shape()[0],
-             w.shape()[2],
-             w.shape()[3],
-             stride,
-             padding,
-             0,
-             0};
+  ConvGeom g = geom_of(x.shape(), w.shape(), stride, padding);
   STARLING_OP_CHECK(
       g.h + 2 * padding >= g.kh && g.w + 2 * padding >= g.kw, op,
       "kernel " + shape_str(w.shape()) + " larger than padded input " + shape_str(x.shape()));
-  g.ho = (g.h + 2 * padding - g.kh) / stride + 1;
-  g.wo = (g.w + 2 * padding - g.kw) / stride + 1;
   const bool has_bias = bias.defined();
   STARLING_OP_CHECK(!has_bias || (bias.numel() == g.co && bias.dtype() == x.dtype()), op,
                     "bias must be (C_out) = (" + std::to_string(g.co) + ") of the input's dtype");
@@ -532,7 +843,15 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
   const Tensor bc = has_bias ? bias.contiguous() : Tensor();
   Tensor out = Tensor::uninitialized({g.b, g.co, g.ho, g.wo}, x.dtype());
   const bool direct = direct_path(g, x.dtype());
-  if (direct) {
+  const bool lanes = direct && lanes_path(g);
+  // For the weight gradient the lanes path keeps x, or x in lanes (lanes_weight_grad).
+  const bool keep_xl =
+      lanes && lanes_weight_grad(g) && w.requires_grad() && autograd::needs_grad({&x, &w, &bias});
+  Tensor xl;
+  if (lanes) {
+    xl = lanes_forward(g, xc.data<float>(), wc.data<float>(), has_bias ? bc.data<float>() : nullptr,
+                       out.data<float>(), keep_xl);
+  } else if (direct) {
     direct_forward(g, xc.data<float>(), wc.data<float>(), has_bias ? bc.data<float>() : nullptr,
                    out.data<float>());
   } else {
@@ -564,58 +883,60 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
   }
   if (!autograd::needs_grad({&x, &w, &bias})) return out;
   const bool need_x = x.requires_grad(), need_w = w.requires_grad();
-  const Tensor dx = xc.detach(), dw = wc.detach();
-  return autograd::record(out, op, {x, w, bias},
-                          [dx, dw, g, has_bias, need_x, need_w, direct](const Tensor& grad) {
-                            const Tensor gc = grad.contiguous();
-                            if (direct)
-                              return direct_backward(g, dx, dw, gc, has_bias, need_x, need_w);
-                            Tensor gx = need_x ? Tensor::zeros(dx.shape(), dx.dtype()) : Tensor();
-                            Tensor gw = Tensor::zeros(dw.shape(), dw.dtype());
-                            Tensor gb = has_bias ? Tensor::zeros({g.co}, dw.dtype()) : Tensor();
-                            dispatch_float(dw.dtype(), "conv2d", [&]<typename T>() {
-                              const int64_t chunk = g.chunk(), hwo = g.hw_out();
-                              T* col = scratch<T>(0, g.krows() * chunk * hwo);
-                              T* gout = scratch<T>(1, g.co * chunk * hwo);
-                              const T* pg = gc.data<T>();
-                              const T* pw = dw.data<T>();
-                              T* pgw = gw.data<T>();
-                              for (int64_t n0 = 0; n0 < g.b; n0 += chunk) {
-                                const int64_t n = std::min(chunk, g.b - n0), cols = n * hwo;
-                                // gout (co, n hwo): the chunk's output gradient in the GEMM's
-                                // layout.
-                                for (int64_t img = 0; img < n; ++img) {
-                                  for (int64_t o = 0; o < g.co; ++o) {
-                                    const T* src = pg + ((n0 + img) * g.co + o) * hwo;
-                                    std::copy(src, src + hwo, gout + o * cols + img * hwo);
-                                  }
-                                }
-                                if (has_bias) {
-                                  T* pgb = gb.data<T>();
-                                  for (int64_t o = 0; o < g.co; ++o) {
-                                    T s = 0;
-                                    const T* row = gout + o * cols;
-                                    for (int64_t p = 0; p < cols; ++p) s += row[p];
-                                    pgb[o] += s;
-                                  }
-                                }
-                                if (need_w) {
-                                  im2col<T>(g, dx.data<T>(), n0, n, col);
-                                  // gW (co, krows) += gout (co, cols) x col^T (cols, krows)
-                                  gemm<T>(false, true, g.co, g.krows(), cols, T(1), gout, cols, col,
-                                          cols, T(1), pgw, g.krows());
-                                }
-                                if (need_x) {
-                                  // gcol (krows, cols) = W^T (krows, co) x gout (co, cols), reusing
-                                  // `col`.
-                                  gemm<T>(true, false, g.krows(), cols, g.co, T(1), pw, g.krows(),
-                                          gout, cols, T(0), col, cols);
-                                  col2im_add<T>(g, col, n0, n, gx.data<T>());
-                                }
-                              }
-                            });
-                            return std::vector<Tensor>{gx, need_w ? gw : Tensor(), gb};
-                          });
+  const Tensor dx = lanes && (keep_xl || !need_w) ? Tensor() : xc.detach(), dw = wc.detach();
+  return autograd::record(
+      out, op, {x, w, bias},
+      [dx, dw, xl, g, has_bias, need_x, need_w, direct, lanes](const Tensor& grad) {
+        const Tensor gc = grad.contiguous();
+        if (lanes)
+          return lanes_backward(g, xl.defined() ? xl : dx, dw, gc, has_bias, need_x, need_w);
+        if (direct) return direct_backward(g, dx, dw, gc, has_bias, need_x, need_w);
+        Tensor gx = need_x ? Tensor::zeros(dx.shape(), dx.dtype()) : Tensor();
+        Tensor gw = Tensor::zeros(dw.shape(), dw.dtype());
+        Tensor gb = has_bias ? Tensor::zeros({g.co}, dw.dtype()) : Tensor();
+        dispatch_float(dw.dtype(), "conv2d", [&]<typename T>() {
+          const int64_t chunk = g.chunk(), hwo = g.hw_out();
+          T* col = scratch<T>(0, g.krows() * chunk * hwo);
+          T* gout = scratch<T>(1, g.co * chunk * hwo);
+          const T* pg = gc.data<T>();
+          const T* pw = dw.data<T>();
+          T* pgw = gw.data<T>();
+          for (int64_t n0 = 0; n0 < g.b; n0 += chunk) {
+            const int64_t n = std::min(chunk, g.b - n0), cols = n * hwo;
+            // gout (co, n hwo): the chunk's output gradient in the GEMM's
+            // layout.
+            for (int64_t img = 0; img < n; ++img) {
+              for (int64_t o = 0; o < g.co; ++o) {
+                const T* src = pg + ((n0 + img) * g.co + o) * hwo;
+                std::copy(src, src + hwo, gout + o * cols + img * hwo);
+              }
+            }
+            if (has_bias) {
+              T* pgb = gb.data<T>();
+              for (int64_t o = 0; o < g.co; ++o) {
+                T s = 0;
+                const T* row = gout + o * cols;
+                for (int64_t p = 0; p < cols; ++p) s += row[p];
+                pgb[o] += s;
+              }
+            }
+            if (need_w) {
+              im2col<T>(g, dx.data<T>(), n0, n, col);
+              // gW (co, krows) += gout (co, cols) x col^T (cols, krows)
+              gemm<T>(false, true, g.co, g.krows(), cols, T(1), gout, cols, col, cols, T(1), pgw,
+                      g.krows());
+            }
+            if (need_x) {
+              // gcol (krows, cols) = W^T (krows, co) x gout (co, cols), reusing
+              // `col`.
+              gemm<T>(true, false, g.krows(), cols, g.co, T(1), pw, g.krows(), gout, cols, T(0),
+                      col, cols);
+              col2im_add<T>(g, col, n0, n, gx.data<T>());
+            }
+          }
+        });
+        return std::vector<Tensor>{gx, need_w ? gw : Tensor(), gb};
+      });
 }
 
 }  // namespace starling::ops

@@ -67,6 +67,8 @@ ConvIsa force_conv_isa(ConvIsa isa) { return chosen().exchange(isa); }
 STARLING_VECTOR_DISPATCH(correlate, CorrelateArgs)
 STARLING_VECTOR_DISPATCH(weight_grad, WeightGradArgs)
 STARLING_VECTOR_DISPATCH(small_gemm, SmallGemmArgs)
+STARLING_VECTOR_DISPATCH(lane_weight_grad, LaneGradArgs)
+STARLING_VECTOR_DISPATCH(transpose16, TransposeArgs)
 #undef STARLING_VECTOR_DISPATCH
 
 }  // namespace starling::ops::internal

@@ -18,6 +18,8 @@ struct Avx2 {
   static constexpr int kGradRows5 = 2;
   static constexpr int kGemmRows = 8;
   static constexpr int kGradTaps = 8;
+  static constexpr int kLaneGradOut = 2;
+  static constexpr int kLaneGradEntries = 6;
   static T load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
   static T bcast(const float* p) { return _mm256_broadcast_ss(p); }
@@ -39,6 +41,8 @@ struct Avx2 {
 void correlate_avx2(const CorrelateArgs& a) { correlate_impl<Avx2>(a); }
 void weight_grad_avx2(const WeightGradArgs& a) { weight_grad_impl<Avx2>(a); }
 void small_gemm_avx2(const SmallGemmArgs& g) { small_gemm_impl<Avx2>(g); }
+void lane_weight_grad_avx2(const LaneGradArgs& a) { lane_weight_grad_impl<Avx2>(a); }
+void transpose16_avx2(const TransposeArgs& a) { transpose16_impl<Avx2>(a); }
 
 }  // namespace starling::ops::internal
 #endif

@@ -18,6 +18,8 @@ struct Avx512 {
   static constexpr int kGradRows5 = 5;
   static constexpr int kGemmRows = 16;
   static constexpr int kGradTaps = 9;
+  static constexpr int kLaneGradOut = 4;
+  static constexpr int kLaneGradEntries = 6;
   static T load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
   static T bcast(const float* p) { return _mm512_set1_ps(*p); }
@@ -44,6 +46,8 @@ struct Avx512 {
 void correlate_avx512(const CorrelateArgs& a) { correlate_impl<Avx512>(a); }
 void weight_grad_avx512(const WeightGradArgs& a) { weight_grad_impl<Avx512>(a); }
 void small_gemm_avx512(const SmallGemmArgs& g) { small_gemm_impl<Avx512>(g); }
+void lane_weight_grad_avx512(const LaneGradArgs& a) { lane_weight_grad_impl<Avx512>(a); }
+void transpose16_avx512(const TransposeArgs& a) { transpose16_impl<Avx512>(a); }
 
 }  // namespace starling::ops::internal
 #endif

@@ -24,6 +24,8 @@ struct Generic {
   static constexpr int kGradRows5 = 2;
   static constexpr int kGemmRows = 8;
   static constexpr int kGradTaps = 8;
+  static constexpr int kLaneGradOut = 2;
+  static constexpr int kLaneGradEntries = 4;
   static T load(const float* p) {
     T v;
     __builtin_memcpy(&v, p, sizeof v);
@@ -53,5 +55,7 @@ struct Generic {
 void correlate_generic(const CorrelateArgs& a) { correlate_impl<Generic>(a); }
 void weight_grad_generic(const WeightGradArgs& a) { weight_grad_impl<Generic>(a); }
 void small_gemm_generic(const SmallGemmArgs& g) { small_gemm_impl<Generic>(g); }
+void lane_weight_grad_generic(const LaneGradArgs& a) { lane_weight_grad_impl<Generic>(a); }
+void transpose16_generic(const TransposeArgs& a) { transpose16_impl<Generic>(a); }
 
 }  // namespace starling::ops::internal

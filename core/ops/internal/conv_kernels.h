@@ -19,6 +19,10 @@ inline constexpr int64_t kConvOutBlock = 4;
 // out[o][p] = bias[o] + sum over c < ci, s < taps of w[o][c][s] * in[c][p + off[s]], for
 // o < co and p < npos (bias 0 where it is null). `in` must be readable (and zero where the image
 // has no data) up to npos + max(off) in every channel.
+// With unit_off, positions come in units of kConvQuantum floats: unit u (u < npos /
+// kConvQuantum) reads in[c][unit_off[u] + off[s] + l] for l < kConvQuantum and writes
+// out[o][u kConvQuantum + l]. The batch-in-lanes layout uses it: a position is kConvQuantum
+// images side by side, and only kept outputs are listed.
 struct CorrelateArgs {
   const float* in;  // channel c at in + c * in_plane
   int64_t in_plane;
@@ -29,8 +33,38 @@ struct CorrelateArgs {
   int64_t co;
   float* out;  // out[o * out_plane + p]
   int64_t out_plane;
-  int64_t npos;       // multiple of kConvQuantum
-  const float* bias;  // co values, or nullptr
+  int64_t npos;                       // multiple of kConvQuantum
+  const float* bias;                  // co values, or nullptr
+  const int64_t* unit_off = nullptr;  // nullptr, or npos / kConvQuantum offsets
+};
+
+// The weight gradient in the batch-in-lanes layout: dw[o][e] = sum over units u and l <
+// kConvQuantum of gy[o * gy_plane + gy_off[u] + l] * x[roff[e] + x_off[u] + l], for o in
+// [o0, o1) and entries e < entries (an entry: an input channel and a tap, roff its offset),
+// written to dw[o * dw_stride + dst[e]]. Sums run lane by lane in unit order, then over the
+// lanes in a fixed order: the same bits however the caller splits outputs and entries over
+// threads.
+struct LaneGradArgs {
+  const float* gy;
+  const int64_t* gy_off;  // per unit
+  const float* x;
+  const int64_t* x_off;  // per unit
+  int64_t units;
+  const int64_t* roff;  // per entry
+  const int64_t* dst;   // per entry
+  int64_t entries;
+  int64_t gy_plane;  // floats between output channels of gy
+  int64_t o0, o1;
+  float* dw;
+  int64_t dw_stride;
+};
+
+// dst[j][i] = src[i][j] for i, j < kConvQuantum, for each of `blocks` blocks: src and dst hold
+// blocks * kConvQuantum row pointers, each row kConvQuantum floats.
+struct TransposeArgs {
+  const float* const* src;
+  float* const* dst;
+  int64_t blocks;
 };
 
 // The weight gradient, transposed: dwt[c][i][j][o] = sum over images b and outputs (y, x) of
@@ -66,15 +100,23 @@ ConvIsa force_conv_isa(ConvIsa isa);
 
 void correlate(const CorrelateArgs& a);
 void weight_grad(const WeightGradArgs& a);
+void lane_weight_grad(const LaneGradArgs& a);
+void transpose16(const TransposeArgs& a);
 
 // Per instruction set, defined in core/ops/conv_kernels_*.cc.
 void correlate_generic(const CorrelateArgs& a);
 void weight_grad_generic(const WeightGradArgs& a);
+void lane_weight_grad_generic(const LaneGradArgs& a);
+void transpose16_generic(const TransposeArgs& a);
 #if defined(__x86_64__)
 void correlate_avx2(const CorrelateArgs& a);
 void weight_grad_avx2(const WeightGradArgs& a);
+void lane_weight_grad_avx2(const LaneGradArgs& a);
+void transpose16_avx2(const TransposeArgs& a);
 void correlate_avx512(const CorrelateArgs& a);
 void weight_grad_avx512(const WeightGradArgs& a);
+void lane_weight_grad_avx512(const LaneGradArgs& a);
+void transpose16_avx512(const TransposeArgs& a);
 #endif
 
 }  // namespace starling::ops::internal

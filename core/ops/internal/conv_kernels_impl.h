@@ -10,21 +10,37 @@
 // compiler from folding one load into every instruction that uses it); and register budgets:
 // kCorrVecs (position vectors per output block in `correlate`'s register tile) and, for
 // `weight_grad`'s tiles, kGradRows3 / kGradRows5 (rows of a 3- or 5-wide kernel) and kGradTaps
-// (single taps), each at most 9.
+// (single taps), each at most 9; kLaneGradOut x kLaneGradEntries, `lane_weight_grad`'s tile
+// (with one more vector per output and one for the input, it fits the register file).
 #pragma once
 
 #include <cstdint>
 
 #include "core/ops/internal/conv_kernels.h"
 
+// The 16-float GCC vectors of transpose16 never leave this unit's anonymous namespace: the psABI
+// note on passing them by value (on units built without AVX-512) does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace starling::ops::internal {
 namespace {
 
 // One register tile: kConvOutBlock output channels x PV vectors of positions from p0. kOne: a
-// single tap (1x1 products), its loop gone.
-template <class V, int PV, bool kOne>
+// single tap (1x1 products), its loop gone. kUnits: vector v reads from its unit's offset
+// (CorrelateArgs::unit_off) instead of p0 + v L.
+template <class V, int PV, bool kOne, bool kUnits>
 inline void correlate_tile(const CorrelateArgs& a, const float* w, int64_t p0, float* const* out,
                            int64_t o0, int64_t nout) {
+  int64_t vo[PV];
+  for (int v = 0; v < PV; ++v) {
+    if constexpr (kUnits) {
+      constexpr int64_t kPer = kConvQuantum / V::L;
+      const int64_t vi = p0 / V::L + v;
+      vo[v] = a.unit_off[vi / kPer] + vi % kPer * V::L;
+    } else {
+      vo[v] = p0 + v * V::L;
+    }
+  }
   typename V::T acc[kConvOutBlock][PV];
   for (int o = 0; o < kConvOutBlock; ++o) {
     const typename V::T init = a.bias && o < nout ? V::bcast(a.bias + o0 + o) : V::zero();
@@ -42,13 +58,13 @@ inline void correlate_tile(const CorrelateArgs& a, const float* w, int64_t p0, f
     }
   }
   for (int64_t c = 0; c < (kOne ? 0 : a.ci); ++c) {
-    const float* x = a.in + c * a.in_plane + p0;
+    const float* x = a.in + c * a.in_plane + (kUnits ? 0 : p0);
     const float* wc = w + c * a.taps * kConvOutBlock;
     for (int64_t s = 0; s < a.taps; ++s) {
       const float* xs = x + a.off[s];
       const float* ws = wc + s * kConvOutBlock;
       typename V::T xv[PV];
-      for (int v = 0; v < PV; ++v) xv[v] = V::load(xs + v * V::L);
+      for (int v = 0; v < PV; ++v) xv[v] = V::load(xs + (kUnits ? vo[v] : v * V::L));
       for (int o = 0; o < kConvOutBlock; ++o) {
         const typename V::T wv = V::bcast(ws + o);
         for (int v = 0; v < PV; ++v) acc[o][v] = V::fma(xv[v], wv, acc[o][v]);
@@ -59,7 +75,7 @@ inline void correlate_tile(const CorrelateArgs& a, const float* w, int64_t p0, f
     for (int v = 0; v < PV; ++v) V::store(out[o] + p0 + v * V::L, acc[o][v]);
 }
 
-template <class V, bool kOne>
+template <class V, bool kOne, bool kUnits>
 void correlate_blocks(const CorrelateArgs& a) {
   constexpr int kMax = V::kCorrVecs;
   const int64_t nvec = a.npos / V::L;
@@ -78,22 +94,22 @@ void correlate_blocks(const CorrelateArgs& a) {
       const float* w = a.wpk + ob * a.ci * a.taps * kConvOutBlock;
       switch (nv) {
         case 1:
-          correlate_tile<V, 1, kOne>(a, w, p0, out, o0, nout);
+          correlate_tile<V, 1, kOne, kUnits>(a, w, p0, out, o0, nout);
           break;
         case 2:
-          correlate_tile<V, (kMax >= 2 ? 2 : 1), kOne>(a, w, p0, out, o0, nout);
+          correlate_tile<V, (kMax >= 2 ? 2 : 1), kOne, kUnits>(a, w, p0, out, o0, nout);
           break;
         case 3:
-          correlate_tile<V, (kMax >= 3 ? 3 : 1), kOne>(a, w, p0, out, o0, nout);
+          correlate_tile<V, (kMax >= 3 ? 3 : 1), kOne, kUnits>(a, w, p0, out, o0, nout);
           break;
         case 4:
-          correlate_tile<V, (kMax >= 4 ? 4 : 1), kOne>(a, w, p0, out, o0, nout);
+          correlate_tile<V, (kMax >= 4 ? 4 : 1), kOne, kUnits>(a, w, p0, out, o0, nout);
           break;
         case 5:
-          correlate_tile<V, (kMax >= 5 ? 5 : 1), kOne>(a, w, p0, out, o0, nout);
+          correlate_tile<V, (kMax >= 5 ? 5 : 1), kOne, kUnits>(a, w, p0, out, o0, nout);
           break;
         default:
-          correlate_tile<V, (kMax >= 6 ? 6 : 1), kOne>(a, w, p0, out, o0, nout);
+          correlate_tile<V, (kMax >= 6 ? 6 : 1), kOne, kUnits>(a, w, p0, out, o0, nout);
           break;
       }
     }
@@ -102,10 +118,12 @@ void correlate_blocks(const CorrelateArgs& a) {
 
 template <class V>
 void correlate_impl(const CorrelateArgs& a) {
-  if (a.taps == 1)
-    correlate_blocks<V, true>(a);
+  if (a.unit_off)
+    correlate_blocks<V, false, true>(a);
+  else if (a.taps == 1)
+    correlate_blocks<V, true, false>(a);
   else
-    correlate_blocks<V, false>(a);
+    correlate_blocks<V, false, false>(a);
 }
 
 // NR kernel rows of KW taps each (rows: (c, i) pairs, or single taps when KW is 1) for the
@@ -192,6 +210,138 @@ void weight_grad_impl(const WeightGradArgs& a) {
       }
     }
     c0 = c;
+  }
+}
+
+// NO output channels from o x NE entries over units [u0, u1): one vector load of gy per output
+// and one of x per entry for NO x NE multiply-adds, continuing the partial sums in part
+// (part[n kLaneGradEntries + e]).
+template <class V, int NO, int NE>
+inline void lane_grad_tile(const LaneGradArgs& a, int64_t o, const int64_t* roff, int64_t u0,
+                           int64_t u1, typename V::T* part) {
+  constexpr int64_t kPer = kConvQuantum / V::L;
+  constexpr int kE = V::kLaneGradEntries;
+  typename V::T acc[NO][NE];
+  for (int n = 0; n < NO; ++n)
+    for (int e = 0; e < NE; ++e) acc[n][e] = part[n * kE + e];
+  const float* gy = a.gy + o * a.gy_plane;
+  for (int64_t u = u0; u < u1; ++u) {
+    const float* g = gy + a.gy_off[u];
+    const float* x = a.x + a.x_off[u];
+    for (int64_t k = 0; k < kPer; ++k, g += V::L, x += V::L) {
+      typename V::T gv[NO];
+      for (int n = 0; n < NO; ++n) gv[n] = V::pin(V::load(g + n * a.gy_plane));
+      for (int e = 0; e < NE; ++e) {
+        const typename V::T xv = V::pin(V::load(x + roff[e]));
+        for (int n = 0; n < NO; ++n) acc[n][e] = V::fma(gv[n], xv, acc[n][e]);
+      }
+    }
+  }
+  for (int n = 0; n < NO; ++n)
+    for (int e = 0; e < NE; ++e) part[n * kE + e] = acc[n][e];
+}
+
+template <class V, int NO>
+inline void lane_grad_entries(const LaneGradArgs& a, int64_t o, const int64_t* roff, int64_t ne,
+                              int64_t u0, int64_t u1, typename V::T* part) {
+  constexpr int kE = V::kLaneGradEntries;
+  switch (ne) {
+#define STARLING_LG_CASE(N)                                             \
+  case N:                                                               \
+    lane_grad_tile<V, NO, (N <= kE ? N : 1)>(a, o, roff, u0, u1, part); \
+    break;
+    STARLING_LG_CASE(1)
+    STARLING_LG_CASE(2)
+    STARLING_LG_CASE(3)
+    STARLING_LG_CASE(4)
+    STARLING_LG_CASE(5)
+    STARLING_LG_CASE(6)
+#undef STARLING_LG_CASE
+    default:
+      break;
+  }
+}
+
+// Outputs kLaneGradOut at a time, entries kSpan at a time, units kChunk at a time: a chunk's
+// gradients and inputs (about 32 KB) stay in L1 while every tile of the span passes over them,
+// each tile's sums kept in `part` between chunks (the same order of additions as one pass).
+template <class V>
+void lane_weight_grad_impl(const LaneGradArgs& a) {
+  constexpr int kO = V::kLaneGradOut, kE = V::kLaneGradEntries;
+  static_assert(kO <= 4 && kE <= 6, "lane_grad dispatches up to 4 x 6");
+  constexpr int64_t kChunk = 64, kSpan = 18, kTiles = (kSpan + kE - 1) / kE;
+  typename V::T part[kTiles][kO * kE];
+  for (int64_t o = a.o0; o < a.o1; o += kO) {
+    const int64_t no = a.o1 - o < kO ? a.o1 - o : kO;
+    for (int64_t es = 0; es < a.entries; es += kSpan) {
+      const int64_t span = a.entries - es < kSpan ? a.entries - es : kSpan;
+      for (int64_t t = 0; t < kTiles; ++t)
+        for (int i = 0; i < kO * kE; ++i) part[t][i] = V::zero();
+      for (int64_t u0 = 0; u0 < a.units; u0 += kChunk) {
+        const int64_t u1 = a.units - u0 < kChunk ? a.units : u0 + kChunk;
+        for (int64_t t = 0; t * kE < span; ++t) {
+          const int64_t e = es + t * kE, ne = span - t * kE < kE ? span - t * kE : kE;
+          switch (no) {
+            case 1:
+              lane_grad_entries<V, 1>(a, o, a.roff + e, ne, u0, u1, part[t]);
+              break;
+            case 2:
+              lane_grad_entries<V, (kO >= 2 ? 2 : 1)>(a, o, a.roff + e, ne, u0, u1, part[t]);
+              break;
+            case 3:
+              lane_grad_entries<V, (kO >= 3 ? 3 : 1)>(a, o, a.roff + e, ne, u0, u1, part[t]);
+              break;
+            default:
+              lane_grad_entries<V, (kO >= 4 ? 4 : 1)>(a, o, a.roff + e, ne, u0, u1, part[t]);
+              break;
+          }
+        }
+      }
+      for (int64_t t = 0; t * kE < span; ++t)
+        for (int64_t n = 0; n < no; ++n)
+          for (int64_t e = 0; e < kE && t * kE + e < span; ++e)
+            a.dw[(o + n) * a.dw_stride + a.dst[es + t * kE + e]] = V::hsum(part[t][n * kE + e]);
+    }
+  }
+}
+
+// 16 x 16 transposes on GCC vectors of 16 floats: four rounds, each swapping the off-diagonal
+// k x k blocks of every 2k x 2k block (k = 8, 4, 2, 1) with two-source shuffles.
+typedef float F16 __attribute__((vector_size(64)));
+typedef int I16 __attribute__((vector_size(64)));
+static_assert(kConvQuantum == 16, "transpose16 moves blocks of 16 x 16");
+
+template <int K>
+inline void transpose_round(F16* r) {
+  // lo[j] = j where bit K of j is clear, else b[j - K]; hi[j] = a[j + K] or b[j].
+  constexpr I16 lo = K == 8   ? I16{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}
+                     : K == 4 ? I16{0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}
+                     : K == 2 ? I16{0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}
+                              : I16{0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
+  constexpr I16 hi = K == 8   ? I16{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}
+                     : K == 4 ? I16{4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}
+                     : K == 2 ? I16{2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}
+                              : I16{1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31};
+  for (int i = 0; i < 16; ++i) {
+    if (i & K) continue;
+    const F16 x = r[i], y = r[i + K];
+    r[i] = __builtin_shuffle(x, y, lo);
+    r[i + K] = __builtin_shuffle(x, y, hi);
+  }
+}
+
+template <class V>
+void transpose16_impl(const TransposeArgs& a) {
+  for (int64_t blk = 0; blk < a.blocks; ++blk) {
+    const float* const* src = a.src + blk * 16;
+    float* const* dst = a.dst + blk * 16;
+    F16 r[16];
+    for (int i = 0; i < 16; ++i) __builtin_memcpy(&r[i], src[i], sizeof(F16));
+    transpose_round<8>(r);
+    transpose_round<4>(r);
+    transpose_round<2>(r);
+    transpose_round<1>(r);
+    for (int j = 0; j < 16; ++j) __builtin_memcpy(dst[j], &r[j], sizeof(F16));
   }
 }
 

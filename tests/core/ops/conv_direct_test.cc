@@ -58,6 +58,7 @@ TEST_CASE("direct conv2d kernels match float64 on every instruction set", "[ops]
   struct Case {
     Shape x, w;
     int64_t pad, stride = 1;
+    const char* path = nullptr;  // the CPU path these shapes must take, where it matters
   };
   // 3x3 and 5x5 "same" convolutions as the U-Net and the CNN use, no padding, an asymmetric
   // kernel, output channels not a multiple of the 4-channel block, one input channel, widths
@@ -80,8 +81,26 @@ TEST_CASE("direct conv2d kernels match float64 on every instruction set", "[ops]
       Case{{2, 6, 8, 8}, {5, 6, 3, 3}, 1, 2}, Case{{3, 4, 9, 11}, {6, 4, 3, 3}, 1, 2},
       Case{{2, 3, 7, 6}, {4, 3, 3, 3}, 0, 2}, Case{{2, 3, 13, 12}, {5, 3, 5, 5}, 2, 2},
       Case{{1, 4, 11, 10}, {3, 4, 5, 5}, 1, 3}, Case{{2, 5, 8, 9}, {6, 5, 2, 2}, 0, 2},
-      Case{{2, 3, 10, 10}, {4, 3, 2, 3}, 1, 4}, Case{{2, 36, 14, 14}, {33, 36, 3, 3}, 1, 2});
+      Case{{2, 3, 10, 10}, {4, 3, 2, 3}, 1, 4}, Case{{2, 36, 14, 14}, {33, 36, 3, 3}, 1, 2},
+      // Batches of 16 or more on small images take the lanes (a position holds 16 images):
+      // whole groups, part groups (30 = 16 + 14, 33 = 32 + 1), 5x5, no padding, strides 2 and
+      // 3, an image smaller than 16 positions, 32+ channels.
+      Case{{16, 3, 7, 7}, {5, 3, 3, 3}, 1, 1, "lanes"},
+      Case{{30, 4, 7, 7}, {6, 4, 3, 3}, 1, 1, "lanes"},
+      Case{{30, 3, 9, 8}, {4, 3, 5, 5}, 2, 1, "lanes"},
+      Case{{30, 2, 7, 6}, {3, 2, 3, 3}, 0, 1, "lanes"},
+      Case{{30, 5, 14, 14}, {7, 5, 3, 3}, 1, 2, "lanes"},
+      Case{{16, 3, 11, 10}, {4, 3, 5, 5}, 1, 3, "lanes"},
+      Case{{33, 2, 3, 3}, {3, 2, 3, 3}, 1, 1, "lanes"},
+      Case{{16, 36, 7, 7}, {33, 36, 3, 3}, 1, 1, "lanes"},
+      // Where the lanes would not waste a fifth less than the padding columns: 28x28 and 14x14
+      // at batch 32, a part group at 14x14.
+      Case{{32, 2, 14, 14}, {3, 2, 3, 3}, 1, 1, "flat"},
+      Case{{32, 2, 28, 28}, {3, 2, 3, 3}, 1, 1, "flat"},
+      Case{{20, 4, 14, 14}, {6, 4, 3, 3}, 1, 1, "flat"});
   CAPTURE(shape_str(c.x), shape_str(c.w), c.pad, c.stride);
+  if (c.path)
+    CHECK(std::string(internal::conv2d_cpu_path(c.x, c.w, c.stride, c.pad, DType::kF32)) == c.path);
   const Tensor x = rand64(c.x, 1), w = rand64(c.w, 2, 0.5), b = rand64({c.w[0]}, 3);
   const int64_t ho = (c.x[2] + 2 * c.pad - c.w[2]) / c.stride + 1,
                 wo = (c.x[3] + 2 * c.pad - c.w[3]) / c.stride + 1;
@@ -102,17 +121,22 @@ TEST_CASE("direct conv2d kernels match float64 on every instruction set", "[ops]
 
 TEST_CASE("direct conv2d gives the same bits on one and two threads", "[ops]") {
   struct Case {
-    int64_t k, pad, stride;
+    int64_t k, pad, stride, batch = 5;
   };
-  // Stride 1, a 1x1 product in place, stride 2 (phases).
-  const auto c = GENERATE(Case{3, 1, 1}, Case{1, 0, 1}, Case{3, 1, 2});
-  CAPTURE(c.k, c.pad, c.stride);
-  const Tensor x = rand64({5, 6, 12, 10}, 7).to(DType::kF32);
+  // Stride 1, a 1x1 product in place, stride 2 (phases); the lanes at stride 1 and 2.
+  const auto c =
+      GENERATE(Case{3, 1, 1}, Case{1, 0, 1}, Case{3, 1, 2}, Case{3, 1, 1, 16}, Case{3, 1, 2, 16});
+  CAPTURE(c.k, c.pad, c.stride, c.batch);
+  CHECK(std::string(internal::conv2d_cpu_path({c.batch, 6, 7, 9}, {10, 6, c.k, c.k}, c.stride,
+                                              c.pad, DType::kF32)) == (c.batch == 16 ? "lanes"
+                                                                       : c.k == 1    ? "pointwise"
+                                                                                     : "flat"));
+  const Tensor x = rand64({c.batch, 6, 7, 9}, 7).to(DType::kF32);
   const Tensor w = rand64({10, 6, c.k, c.k}, 8).to(DType::kF32);
   const Tensor b = rand64({10}, 9).to(DType::kF32);
-  const int64_t ho = (12 + 2 * c.pad - c.k) / c.stride + 1,
-                wo = (10 + 2 * c.pad - c.k) / c.stride + 1;
-  const Tensor r = rand64({5, 10, ho, wo}, 10).to(DType::kF32);
+  const int64_t ho = (7 + 2 * c.pad - c.k) / c.stride + 1,
+                wo = (9 + 2 * c.pad - c.k) / c.stride + 1;
+  const Tensor r = rand64({c.batch, 10, ho, wo}, 10).to(DType::kF32);
   const int before = omp_get_max_threads();
   omp_set_num_threads(1);
   const Grads one = run(x, w, b, r, c.pad, c.stride);
@@ -126,16 +150,25 @@ TEST_CASE("direct conv2d gives the same bits on one and two threads", "[ops]") {
 }
 
 TEST_CASE("direct conv2d: the input alone, or the weight alone, may need a gradient", "[ops]") {
-  const Tensor x = rand64({2, 3, 6, 6}, 11).to(DType::kF32);
+  // Flat (batch 2) and lanes (batch 16) at stride 1, lanes at stride 2.
+  struct Case {
+    int64_t batch, stride;
+  };
+  const auto c = GENERATE(Case{2, 1}, Case{16, 1}, Case{16, 2});
+  CAPTURE(c.batch, c.stride);
+  CHECK(std::string(internal::conv2d_cpu_path({c.batch, 3, 6, 6}, {4, 3, 3, 3}, c.stride, 1,
+                                              DType::kF32)) == (c.batch == 16 ? "lanes" : "flat"));
+  const Tensor x = rand64({c.batch, 3, 6, 6}, 11).to(DType::kF32);
   const Tensor w = rand64({4, 3, 3, 3}, 12).to(DType::kF32);
-  const Grads both = run(x, w, Tensor::zeros({4}), Tensor::ones({2, 4, 6, 6}), 1);
+  const int64_t ho = (6 + 2 - 3) / c.stride + 1;
+  const Grads both = run(x, w, Tensor::zeros({4}), Tensor::ones({c.batch, 4, ho, ho}), 1, c.stride);
   Tensor xg = x.detach();
   xg.set_requires_grad(true);
-  autograd::backward(sum(conv2d(xg, w, Tensor(), 1, 1)));
+  autograd::backward(sum(conv2d(xg, w, Tensor(), c.stride, 1)));
   CHECK(max_abs_diff(xg.grad(), both.gx) == 0.0);
   Tensor wg = w.detach();
   wg.set_requires_grad(true);
-  autograd::backward(sum(conv2d(x, wg, Tensor(), 1, 1)));
+  autograd::backward(sum(conv2d(x, wg, Tensor(), c.stride, 1)));
   CHECK(max_abs_diff(wg.grad(), both.gw) == 0.0);
 }
 
