@@ -260,14 +260,18 @@ void layout_planes(const Flat& f, const float* src, int64_t channels, float* dst
 std::vector<float> pack_weights(const float* w, int64_t co, int64_t ci, int64_t taps, bool flip) {
   const int64_t outs = flip ? ci : co, ins = flip ? co : ci;
   const int64_t blocks = (outs + kConvOutBlock - 1) / kConvOutBlock;
-  std::vector<float> p(static_cast<size_t>(blocks * ins * taps * kConvOutBlock), 0.0f);
-  for (int64_t o = 0; o < outs; ++o)
+  std::vector<float> p(static_cast<size_t>(blocks * ins * taps * kConvOutBlock));
+  // Written in order: (block, input, tap, lane); lanes past `outs` are zero.
+  float* d = p.data();
+  for (int64_t ob = 0; ob < blocks; ++ob)
     for (int64_t c = 0; c < ins; ++c)
-      for (int64_t s = 0; s < taps; ++s) {
-        const float v = flip ? w[(c * ci + o) * taps + (taps - 1 - s)] : w[(o * ci + c) * taps + s];
-        p[static_cast<size_t>(((o / kConvOutBlock * ins + c) * taps + s) * kConvOutBlock +
-                              o % kConvOutBlock)] = v;
-      }
+      for (int64_t s = 0; s < taps; ++s)
+        for (int64_t l = 0; l < kConvOutBlock; ++l) {
+          const int64_t o = ob * kConvOutBlock + l;
+          *d++ = o >= outs ? 0.0f
+                 : flip    ? w[(c * ci + o) * taps + (taps - 1 - s)]
+                           : w[(o * ci + c) * taps + s];
+        }
   return p;
 }
 
@@ -412,54 +416,6 @@ void strided_input_grad(const ConvGeom& g, const float* gy, const float* w, floa
   }
 }
 
-// gw (co, ci, kh, kw) = sum over images and outputs of gy times the shifted inputs, computed
-// transposed (output channels in the vector lanes) from gy transposed to (b, ho, wo, co). With
-// gb, also the bias gradient, summed while gy is transposed (per image, then over images in
-// order: the same bits for any thread count).
-void direct_weight_grad(const ConvGeom& g, const float* x, const float* gy, float* gw, float* gb) {
-  const Flat f = flat_of(g.h, g.w, g.pad, g.pad, g.kh, g.kw, g.stride);
-  const int64_t taps = g.kh * g.kw, hwo = g.hw_out(), co_stride = round_quantum(g.co);
-  // Without padding at stride 1 the kernel reads only real pixels: x as it is.
-  const bool as_is = g.pad == 0 && g.stride == 1;
-  const int64_t x_plane = as_is ? g.h * g.w : f.plane;
-  float* xs = as_is ? nullptr : scratch<float>(2, g.b * g.ci * f.plane);
-  float* gt = scratch<float>(3, g.b * hwo * co_stride);
-  std::vector<float> bpart(gb ? static_cast<size_t>(g.b * co_stride) : 0, 0.0f);
-#pragma omp parallel for schedule(static) if (g.b > 1)
-  for (int64_t img = 0; img < g.b; ++img) {
-    if (!as_is) layout_planes(f, x + img * g.ci * g.h * g.w, g.ci, xs + img * g.ci * f.plane);
-    float* t = gt + img * hwo * co_stride;
-    const float* s = gy + img * g.co * hwo;
-    float* bp = gb ? bpart.data() + img * co_stride : nullptr;
-    for (int64_t p = 0; p < hwo; ++p) {
-      float* row = t + p * co_stride;
-      for (int64_t o = 0; o < g.co; ++o) {
-        row[o] = s[o * hwo + p];
-        if (bp) bp[o] += row[o];
-      }
-      for (int64_t o = g.co; o < co_stride; ++o) row[o] = 0.0f;
-    }
-  }
-  if (gb)
-    for (int64_t img = 0; img < g.b; ++img)
-      for (int64_t o = 0; o < g.co; ++o) gb[o] += bpart[static_cast<size_t>(img * co_stride + o)];
-  // Tasks of (16 output channels, a few input channels): about 9 kernel rows each, one
-  // register tile of the widest kernel.
-  const int64_t row_taps = (g.stride == 1 && (g.kw == 3 || g.kw == 5)) ? g.kh : taps;
-  const int64_t group = std::max<int64_t>(1, 9 / row_taps);
-  const int64_t groups = (g.ci + group - 1) / group, ovecs = co_stride / kConvQuantum;
-  std::vector<float> dwt(static_cast<size_t>(g.ci * taps * co_stride));
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t ov = 0; ov < ovecs; ++ov)
-    for (int64_t cg = 0; cg < groups; ++cg)
-      internal::weight_grad({gt, co_stride, as_is ? x : xs, x_plane, g.ci * x_plane,
-                             as_is ? g.w : f.wq, g.b, g.ho, g.wo, g.kh, g.kw, g.stride, f.phase,
-                             ov * kConvQuantum, cg * group, std::min(g.ci, (cg + 1) * group),
-                             dwt.data()});
-  for (int64_t o = 0; o < g.co; ++o)
-    for (int64_t k = 0; k < g.ci * taps; ++k) gw[o * g.ci * taps + k] = dwt[k * co_stride + o];
-}
-
 // gb[o] += the sum of gy (b, co, ho, wo) over images and positions: 16 interleaved partial
 // sums per image (vectorized; one running sum waits on every add), images in order.
 void bias_grad(const ConvGeom& g, const float* gy, float* gb) {
@@ -476,6 +432,79 @@ void bias_grad(const ConvGeom& g, const float* gy, float* gb) {
         for (int k = 0; k < half; ++k) part[k] += part[k + half];
       gb[o] += part[0];
     }
+}
+
+// The pointer pairs of a batch of transposes, kept per thread across calls.
+struct TransposeBatch {
+  std::vector<const float*> src;
+  std::vector<float*> dst;
+  void clear() {
+    src.clear();
+    dst.clear();
+  }
+  void run() {
+    if (!src.empty())
+      internal::transpose16(
+          {src.data(), dst.data(), static_cast<int64_t>(src.size()) / kConvQuantum});
+  }
+};
+
+TransposeBatch& transpose_batch() {
+  thread_local TransposeBatch t;
+  t.clear();
+  return t;
+}
+
+// gw (co, ci, kh, kw) = sum over images and outputs of gy times the shifted inputs, computed
+// transposed (output channels in the vector lanes) from gy transposed to (b, ho, wo, co). With
+// gb, also the bias gradient (bias_grad).
+void direct_weight_grad(const ConvGeom& g, const float* x, const float* gy, float* gw, float* gb) {
+  const Flat f = flat_of(g.h, g.w, g.pad, g.pad, g.kh, g.kw, g.stride);
+  const int64_t taps = g.kh * g.kw, hwo = g.hw_out(), co_stride = round_quantum(g.co);
+  // Without padding at stride 1 the kernel reads only real pixels: x as it is.
+  const bool as_is = g.pad == 0 && g.stride == 1;
+  const int64_t x_plane = as_is ? g.h * g.w : f.plane;
+  float* xs = as_is ? nullptr : scratch<float>(2, g.b * g.ci * f.plane);
+  float* gt = scratch<float>(3, g.b * hwo * co_stride);
+  static constexpr float kZeros[kConvQuantum] = {};
+  const int64_t whole = hwo / kConvQuantum * kConvQuantum;
+#pragma omp parallel for schedule(static) if (g.b > 1)
+  for (int64_t img = 0; img < g.b; ++img) {
+    if (!as_is) layout_planes(f, x + img * g.ci * g.h * g.w, g.ci, xs + img * g.ci * f.plane);
+    // gt's rows of this image: 16 x 16 blocks of (channels, positions) transposed, zeros for the
+    // channels past co, then the positions past the last whole block.
+    float* t = gt + img * hwo * co_stride;
+    const float* s = gy + img * g.co * hwo;
+    TransposeBatch& tb = transpose_batch();
+    for (int64_t o0 = 0; o0 < co_stride; o0 += kConvQuantum)
+      for (int64_t p0 = 0; p0 < whole; p0 += kConvQuantum) {
+        for (int64_t i = 0; i < kConvQuantum; ++i)
+          tb.src.push_back(o0 + i < g.co ? s + (o0 + i) * hwo + p0 : kZeros);
+        for (int64_t j = 0; j < kConvQuantum; ++j) tb.dst.push_back(t + (p0 + j) * co_stride + o0);
+      }
+    tb.run();
+    for (int64_t p = whole; p < hwo; ++p) {
+      float* row = t + p * co_stride;
+      for (int64_t o = 0; o < g.co; ++o) row[o] = s[o * hwo + p];
+      for (int64_t o = g.co; o < co_stride; ++o) row[o] = 0.0f;
+    }
+  }
+  if (gb) bias_grad(g, gy, gb);
+  // Tasks of (16 output channels, a few input channels): about 9 kernel rows each, one
+  // register tile of the widest kernel.
+  const int64_t row_taps = (g.stride == 1 && (g.kw == 3 || g.kw == 5)) ? g.kh : taps;
+  const int64_t group = std::max<int64_t>(1, 9 / row_taps);
+  const int64_t groups = (g.ci + group - 1) / group, ovecs = co_stride / kConvQuantum;
+  std::vector<float> dwt(static_cast<size_t>(g.ci * taps * co_stride));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t ov = 0; ov < ovecs; ++ov)
+    for (int64_t cg = 0; cg < groups; ++cg)
+      internal::weight_grad({gt, co_stride, as_is ? x : xs, x_plane, g.ci * x_plane,
+                             as_is ? g.w : f.wq, g.b, g.ho, g.wo, g.kh, g.kw, g.stride, f.phase,
+                             ov * kConvQuantum, cg * group, std::min(g.ci, (cg + 1) * group),
+                             dwt.data()});
+  for (int64_t o = 0; o < g.co; ++o)
+    for (int64_t k = 0; k < g.ci * taps; ++k) gw[o * g.ci * taps + k] = dwt[k * co_stride + o];
 }
 
 // ---- The batch-in-lanes float32 path ----
@@ -515,26 +544,6 @@ std::vector<int64_t> lane_units(const LanePlane& lp, int64_t groups, int64_t ho,
       for (int64_t x = 0; x < wo; ++x)
         u.push_back((g * lp.plane + (y * s + row) * lp.wp + x * s + col) * kLanes);
   return u;
-}
-
-// The pointer pairs of a batch of transposes, kept per thread across calls.
-struct TransposeBatch {
-  std::vector<const float*> src;
-  std::vector<float*> dst;
-  void clear() {
-    src.clear();
-    dst.clear();
-  }
-  void run() {
-    if (!src.empty())
-      internal::transpose16({src.data(), dst.data(), static_cast<int64_t>(src.size()) / kLanes});
-  }
-};
-
-TransposeBatch& transpose_batch() {
-  thread_local TransposeBatch t;
-  t.clear();
-  return t;
 }
 
 // Groups [g0, g1): their part of a lanes-path stage. `team`: the stage splits its own work over
