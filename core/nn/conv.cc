@@ -34,4 +34,8 @@ Tensor GroupNorm::forward_silu(const Tensor& x) const {
   return ops::group_norm_silu(x, groups, weight, bias, eps);
 }
 
+Tensor GroupNorm::forward_silu(const Tensor& x, const Tensor& shift) const {
+  return ops::shifted_group_norm_silu(x, shift, groups, weight, bias, eps);
+}
+
 }  // namespace starling::nn

@@ -30,6 +30,8 @@ class GroupNorm : public Module {
   Tensor forward(const Tensor& x) const;  // x: (B, C, ...) -> same shape
   // silu(forward(x)), fused (ops::group_norm_silu).
   Tensor forward_silu(const Tensor& x) const;
+  // silu(this(x + shift[:, :, None, None])), shift (B, C) (ops::shifted_group_norm_silu).
+  Tensor forward_silu(const Tensor& x, const Tensor& shift) const;
 
   Tensor weight;
   Tensor bias;

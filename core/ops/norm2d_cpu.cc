@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -126,10 +127,13 @@ void silu_grad_row(const T* g, const T* x, int64_t n, T a, T sh, T* gz) {
   }
 }
 
-// group_norm, then SiLU when `silu`: one read of x and one write of y forward; backward reads
-// g and x once per (image, group) row (the row stays in L1 between its passes).
+// group_norm, then SiLU when `silu`, of x + shift[:, :, None, None] when shift is defined: one
+// read of x and one write of y forward; backward reads g and x once per (image, group) row (the
+// row stays in L1 between its passes). The shifted input is never formed: a channel's shift t
+// moves its sums (s1 + n t, s2 + 2 t s1 + n t^2), its mean as seen from x (m - t) and the
+// constant of its input gradient.
 Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Tensor& weight,
-                       const Tensor& bias, double eps, bool silu) {
+                       const Tensor& bias, double eps, bool silu, const Tensor& shift) {
   STARLING_OP_CHECK(x.dim() >= 2, op, "input must be (B, C, ...), got " + shape_str(x.shape()));
   const int64_t b = x.shape()[0], c = x.shape()[1];
   STARLING_OP_CHECK(
@@ -140,9 +144,16 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
   const bool has_bias = bias.defined();
   STARLING_OP_CHECK(!has_bias || (bias.numel() == c && bias.dtype() == x.dtype()), op,
                     "bias must be (C) of the input's dtype");
+  const bool has_shift = shift.defined();
+  STARLING_OP_CHECK(!has_shift || (shift.dim() == 2 && shift.shape()[0] == b &&
+                                   shift.shape()[1] == c && shift.dtype() == x.dtype()),
+                    op,
+                    "shift must be (B, C) = (" + std::to_string(b) + ", " + std::to_string(c) +
+                        ") of the input's dtype");
   const int64_t hw = x.numel() / (b * c), cg = c / groups, rows = b * groups, len = cg * hw;
   const Tensor xc = x.contiguous(), wc = weight.contiguous();
   const Tensor bc = has_bias ? bias.contiguous() : Tensor();
+  const Tensor sc = has_shift ? shift.contiguous() : Tensor();
   Tensor out = Tensor::uninitialized(x.shape(), x.dtype());
   Tensor mean_t = Tensor::uninitialized({rows}, DType::kF64);
   Tensor rstd_t = Tensor::uninitialized({rows}, DType::kF64);
@@ -153,11 +164,35 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
     T* po = out.data<T>();
     double* pm = mean_t.data<double>();
     double* pr = rstd_t.data<double>();
+    const T* ps = has_shift ? sc.data<T>() : nullptr;
 #pragma omp parallel for if (x.numel() > (1 << 15))
     for (int64_t r = 0; r < rows; ++r) {
       const T* row = px + r * len;
+      // The row's channels' shifts (row r is image r / groups, channels from (r % groups) cg).
+      const T* rs_shift = ps ? ps + (r / groups) * c + (r % groups) * cg : nullptr;
       double m, v;
-      if constexpr (std::is_same_v<T, float>) {
+      if (rs_shift) {
+        // Per channel, then moved by its shift.
+        double s1 = 0, s2 = 0;
+        for (int64_t ch = 0; ch < cg; ++ch) {
+          const T* xch = row + ch * hw;
+          double a1, a2;
+          if constexpr (std::is_same_v<T, float>) {
+            std::tie(a1, a2) = dsum2(hw, xch);
+          } else {
+            a1 = dsum(hw, [xch](int64_t j) { return static_cast<double>(xch[j]); });
+            a2 = dsum(hw, [xch](int64_t j) {
+              return static_cast<double>(xch[j]) * static_cast<double>(xch[j]);
+            });
+          }
+          const auto t = static_cast<double>(rs_shift[ch]);
+          const auto n = static_cast<double>(hw);
+          s1 += a1 + n * t;
+          s2 += a2 + 2 * t * a1 + n * t * t;
+        }
+        m = s1 / static_cast<double>(len);
+        v = std::max(0.0, s2 / static_cast<double>(len) - m * m);
+      } else if constexpr (std::is_same_v<T, float>) {
         // Float data in double sums: E[x^2] - m^2 loses nothing a float could hold, and both
         // sums come from one read of the row.
         const auto [s1, s2] = dsum2(len, row);
@@ -179,7 +214,9 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
       const int64_t c0 = (r % groups) * cg;
       T* orow = po + r * len;
       for (int64_t ch = 0; ch < cg; ++ch) {
-        const auto [a, sh] = channel_affine<T>(m, rs, pw[c0 + ch], pb ? pb[c0 + ch] : T(0));
+        // x + t normalized with mean m is x normalized with mean m - t.
+        const double mc = rs_shift ? m - static_cast<double>(rs_shift[ch]) : m;
+        const auto [a, sh] = channel_affine<T>(mc, rs, pw[c0 + ch], pb ? pb[c0 + ch] : T(0));
         if (silu)
           affine_row<T, true>(row + ch * hw, hw, a, sh, orow + ch * hw);
         else
@@ -187,19 +224,22 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
       }
     }
   });
-  if (!autograd::needs_grad({&x, &weight, &bias})) return out;
+  if (!autograd::needs_grad({&x, &weight, &bias, &shift})) return out;
   return autograd::record(
-      out, op, {x, weight, bias},
-      [xc, wc, bc, mean_t, rstd_t, has_bias, silu, b, c, groups, hw, cg, rows, len,
+      out, op, {x, weight, bias, shift},
+      [xc, wc, bc, sc, mean_t, rstd_t, has_bias, has_shift, silu, b, c, groups, hw, cg, rows, len,
        op](const Tensor& g) {
         const Tensor gc = g.contiguous();
         Tensor gx = Tensor::uninitialized(xc.shape(), xc.dtype());
         Tensor gw = Tensor::uninitialized({c}, xc.dtype());
         Tensor gb = Tensor::uninitialized({c}, xc.dtype());
+        Tensor gs = has_shift ? Tensor::uninitialized({b, c}, xc.dtype()) : Tensor();
         internal::dispatch_float(xc.dtype(), op, [&]<typename T>() {
           const T* px = xc.data<T>();
           const T* pw = wc.data<T>();
           const T* pb = has_bias ? bc.data<T>() : nullptr;
+          const T* ps = has_shift ? sc.data<T>() : nullptr;
+          T* pgs = has_shift ? gs.data<T>() : nullptr;
           const T* pg = gc.data<T>();
           const double* pm = mean_t.data<double>();
           const double* pr = rstd_t.data<double>();
@@ -210,13 +250,18 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t c0 = (r % groups) * cg, img = r / groups;
             const double m = pm[r], rs = pr[r];
+            // A channel's mean as seen from x: m, or m - t under a shift t.
+            const auto mean_of = [&](int64_t ch) {
+              return ps ? m - static_cast<double>(ps[img * c + c0 + ch]) : m;
+            };
             const T* row = px + r * len;
             T* gxrow = pgx + r * len;
             // Through SiLU: the normalized value's gradient, kept in gx's row until the end.
             const T* grow = pg + r * len;
             if (silu) {
               for (int64_t ch = 0; ch < cg; ++ch) {
-                const auto [a, sh] = channel_affine<T>(m, rs, pw[c0 + ch], pb ? pb[c0 + ch] : T(0));
+                const auto [a, sh] =
+                    channel_affine<T>(mean_of(ch), rs, pw[c0 + ch], pb ? pb[c0 + ch] : T(0));
                 silu_grad_row<T>(grow + ch * hw, row + ch * hw, hw, a, sh, gxrow + ch * hw);
               }
               grow = gxrow;
@@ -226,15 +271,16 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
             for (int64_t ch = 0; ch < cg; ++ch) {
               const T* gch = grow + ch * hw;
               const T* xch = row + ch * hw;
+              const double mc = mean_of(ch);
               double s1, s2;
               if constexpr (std::is_same_v<T, float>) {
-                const auto [sa, sq] = dsum_gx(hw, gch, xch, m);
+                const auto [sa, sq] = dsum_gx(hw, gch, xch, mc);
                 s1 = sa;
                 s2 = rs * sq;
               } else {
                 s1 = dsum(hw, [gch](int64_t p) { return static_cast<double>(gch[p]); });
-                s2 = rs * dsum(hw, [gch, xch, m](int64_t p) {
-                       return static_cast<double>(gch[p]) * (static_cast<double>(xch[p]) - m);
+                s2 = rs * dsum(hw, [gch, xch, mc](int64_t p) {
+                       return static_cast<double>(gch[p]) * (static_cast<double>(xch[p]) - mc);
                      });
               }
               sg[static_cast<size_t>(img * c + c0 + ch)] = s1;
@@ -244,15 +290,21 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
             }
             mean_d /= static_cast<double>(len);
             mean_dx /= static_cast<double>(len);
-            // Per channel, dx = a g + b x + c: rs w, -rs^2 mean_dx and rs (m rs mean_dx - mean_d),
-            // folded in double, applied in T (16 lanes of float, not 8 of double). grow may be
-            // gxrow itself: each element is read before it is written.
+            // Per channel, dx = a g + b x + c: rs w, -rs^2 mean_dx and rs (m rs mean_dx - mean_d)
+            // (m: the channel's mean as seen from x), folded in double, applied in T (16 lanes of
+            // float, not 8 of double). grow may be gxrow itself: each element is read before it
+            // is written. A shift's gradient is the sum of its channel's dx.
             for (int64_t ch = 0; ch < cg; ++ch) {
               const T a = static_cast<T>(rs * static_cast<double>(pw[c0 + ch]));
               const T bx = static_cast<T>(-rs * rs * mean_dx);
-              const T cc = static_cast<T>(rs * (m * rs * mean_dx - mean_d));
+              const T cc = static_cast<T>(rs * (mean_of(ch) * rs * mean_dx - mean_d));
               for (int64_t p = ch * hw; p < (ch + 1) * hw; ++p)
                 gxrow[p] = a * grow[p] + bx * row[p] + cc;
+              if (pgs) {
+                const T* d = gxrow + ch * hw;
+                pgs[img * c + c0 + ch] =
+                    static_cast<T>(dsum(hw, [d](int64_t p) { return static_cast<double>(d[p]); }));
+              }
             }
           }
           T* pgw = gw.data<T>();
@@ -267,7 +319,7 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
             pgb[ch] = static_cast<T>(b_sum);
           }
         });
-        return std::vector<Tensor>{gx, gw, has_bias ? gb : Tensor()};
+        return std::vector<Tensor>{gx, gw, has_bias ? gb : Tensor(), gs};
       });
 }
 
@@ -275,12 +327,17 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
 
 Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
                   double eps) {
-  return group_norm_impl("group_norm", x, groups, weight, bias, eps, false);
+  return group_norm_impl("group_norm", x, groups, weight, bias, eps, false, Tensor());
 }
 
 Tensor group_norm_silu(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
                        double eps) {
-  return group_norm_impl("group_norm_silu", x, groups, weight, bias, eps, true);
+  return group_norm_impl("group_norm_silu", x, groups, weight, bias, eps, true, Tensor());
+}
+
+Tensor shifted_group_norm_silu(const Tensor& x, const Tensor& shift, int64_t groups,
+                               const Tensor& weight, const Tensor& bias, double eps) {
+  return group_norm_impl("shifted_group_norm_silu", x, groups, weight, bias, eps, true, shift);
 }
 
 }  // namespace starling::ops

@@ -68,9 +68,9 @@ ResBlock::ResBlock(int64_t in, int64_t out, int64_t time_dim, int64_t groups, do
 
 Tensor ResBlock::forward(const Tensor& x, const Tensor& temb) const {
   Tensor h = conv1->forward(norm1->forward_silu(x));
-  const Tensor tp = temb_proj->forward(ops::silu(temb));  // (B, out)
-  h = ops::add(h, ops::reshape(tp, {tp.size(0), tp.size(1), 1, 1}));
-  h = norm2->forward_silu(h);
+  // The time embedding (B, out) is added per image and channel inside norm2, never as a tensor.
+  const Tensor tp = temb_proj->forward(ops::silu(temb));
+  h = norm2->forward_silu(h, tp);
   h = ops::dropout(h, dropout_, training(), *rng_);
   h = conv2->forward(h);
   return ops::add(skip ? skip->forward(x) : x, h);

@@ -114,6 +114,46 @@ TEST_CASE("group_norm_silu equals silu(group_norm) in float32 and float64", "[op
   }
 }
 
+TEST_CASE("shifted_group_norm_silu: gradients match central differences", "[ops][grad]") {
+  // One and several channels per group; a shift far from the data's scale (the sums move by
+  // n t and 2 t s1 + n t^2, so a large t tests the algebra, not rounding).
+  const auto groups = GENERATE(1, 2, 4);
+  const double scale = GENERATE(1.0, 30.0);
+  CAPTURE(groups, scale);
+  const auto r = gradcheck(
+      [groups](const std::vector<Tensor>& in) {
+        return shifted_group_norm_silu(in[0], in[3], groups, in[1], in[2]);
+      },
+      {rand64({2, 4, 3, 2}, 21, 2.0), rand64({4}, 22), rand64({4}, 23), rand64({2, 4}, 24, scale)});
+  INFO(r.worst);
+  REQUIRE(r.max_rel_error < 1e-6);
+}
+
+TEST_CASE("shifted_group_norm_silu equals group_norm_silu(x + shift) in float32 and float64",
+          "[ops][grad]") {
+  const auto t = GENERATE(DType::kF64, DType::kF32);
+  const Tensor x0 = rand64({3, 8, 5, 7}, 25, 2.0).to(t), w0 = rand64({8}, 26).to(t);
+  const Tensor b0 = rand64({8}, 27).to(t), s0 = rand64({3, 8}, 28, 3.0).to(t);
+  const Tensor r = rand64({3, 8, 5, 7}, 29).to(t);
+  std::vector<Tensor> got[2];
+  for (const bool fused : {false, true}) {
+    Tensor x = x0.detach(), w = w0.detach(), b = b0.detach(), sh = s0.detach();
+    for (Tensor* v : {&x, &w, &b, &sh}) v->set_requires_grad(true);
+    const Tensor y = fused ? shifted_group_norm_silu(x, sh, 4, w, b)
+                           : group_norm_silu(add(x, reshape(sh, {3, 8, 1, 1})), 4, w, b);
+    autograd::backward(sum(mul(y, r)));
+    got[fused] = {y.detach(), x.grad(), w.grad(), b.grad(), sh.grad()};
+  }
+  // Relative to the largest value (the shift's gradient sums 35 positions).
+  const double tol = t == DType::kF32 ? 1e-5 : 1e-12;
+  for (size_t i = 0; i < 5; ++i) {
+    CAPTURE(dtype_name(t), i);
+    const double scale =
+        std::max(1.0, max_abs_diff(got[0][i], Tensor::zeros(got[0][i].shape(), got[0][i].dtype())));
+    REQUIRE(max_abs_diff(got[1][i], got[0][i]) / scale < tol);
+  }
+}
+
 TEST_CASE("timestep_embedding: values and gradient", "[ops][grad]") {
   const Tensor t = Tensor::from_vector(std::vector<double>{0.0, 3.0, 250.0}, {3});
   const auto e = timestep_embedding(t, 8).to_double_vector();
