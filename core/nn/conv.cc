@@ -21,6 +21,10 @@ Tensor Conv2d::forward(const Tensor& x) const {
   return ops::conv2d(x, weight, bias, stride, padding);
 }
 
+Tensor Conv2d::forward(const Tensor& x, const Tensor& residual) const {
+  return ops::conv2d(x, weight, bias, stride, padding, residual);
+}
+
 GroupNorm::GroupNorm(int64_t groups_, int64_t channels, double eps_) : groups(groups_), eps(eps_) {
   weight = register_parameter("weight", Tensor::ones({channels}));
   bias = register_parameter("bias", Tensor::zeros({channels}));

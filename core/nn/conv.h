@@ -16,6 +16,8 @@ class Conv2d : public Module {
   Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding, bool bias,
          Rng& rng);
   Tensor forward(const Tensor& x) const;  // x: (B, in, H, W) -> (B, out, H', W')
+  // forward(x) + residual, the sum formed as the output is written (ops::conv2d's residual).
+  Tensor forward(const Tensor& x, const Tensor& residual) const;
 
   Tensor weight;
   Tensor bias;  // undefined when built without bias

@@ -13,8 +13,10 @@ namespace starling::ops {
 // the same dtype) -> (B, C_out, H_out, W_out) with H_out = (H + 2 padding - kH) / stride + 1
 // (floor; likewise W_out). Zero padding on every side; cross-correlation, as torch.nn.Conv2d.
 // REQUIRES: stride >= 1, padding >= 0, H_out >= 1 and W_out >= 1 (aborts otherwise).
+// residual: undefined, or a tensor of the output's shape and dtype added to the output (a
+// ResNet block's skip) as it is written, without an add of its own; its gradient is the output's.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(), int64_t stride = 1,
-              int64_t padding = 0);
+              int64_t padding = 0, const Tensor& residual = Tensor());
 
 namespace internal {
 // The CPU path conv2d takes for these shapes: "lanes" (float32, images in the vector lanes),

@@ -282,11 +282,17 @@ bool direct_path(const ConvGeom& g, DType t) {
 // 1x1 without padding: a product per image, no layout to build.
 bool pointwise(const ConvGeom& g) { return g.kh == 1 && g.kw == 1 && g.pad == 0 && g.stride == 1; }
 
+// d[i] += r[i] for i < n.
+inline void add_run(const float* r, int64_t n, float* d) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) d[i] += r[i];
+}
+
 // dst (images, out_ch, f.ho, f.wo) = src (images, in_ch, f.h, f.w) correlated with the packed
-// weights, plus bias (or not).
+// weights, plus bias (or not), plus res (same shape as dst, or not).
 void correlate_images(const Flat& f, int64_t images, const float* src, int64_t in_ch,
-                      const std::vector<float>& wpk, int64_t out_ch, const float* bias,
-                      float* dst) {
+                      const std::vector<float>& wpk, int64_t out_ch, const float* bias, float* dst,
+                      const float* res = nullptr) {
   const int64_t taps = static_cast<int64_t>(f.off.size());
 #pragma omp parallel for schedule(static) if (images > 1)
   for (int64_t img = 0; img < images; ++img) {
@@ -299,19 +305,29 @@ void correlate_images(const Flat& f, int64_t images, const float* src, int64_t i
     const float* tmp_end = tmp + out_ch * f.npos;
     float* img_out = dst + img * out_ch * f.ho * f.wo;
     const float* out_end = img_out + out_ch * f.ho * f.wo;
+    const float* img_res = res ? res + img * out_ch * f.ho * f.wo : nullptr;
     for (int64_t o = 0; o < out_ch; ++o)
-      for (int64_t y = 0; y < f.ho; ++y)
-        copy_run(tmp + o * f.npos + y * f.wq, f.wo, img_out + (o * f.ho + y) * f.wo, tmp_end,
-                 out_end);
+      for (int64_t y = 0; y < f.ho; ++y) {
+        const int64_t d = (o * f.ho + y) * f.wo;
+        if (img_res) {
+          const float* t = tmp + o * f.npos + y * f.wq;
+          const float* r = img_res + d;
+          float* out_row = img_out + d;
+#pragma omp simd
+          for (int64_t x = 0; x < f.wo; ++x) out_row[x] = t[x] + r[x];
+        } else {
+          copy_run(tmp + o * f.npos + y * f.wq, f.wo, img_out + d, tmp_end, out_end);
+        }
+      }
   }
 }
 
 // dst (images, out_ch, hw) = the packed 1x1 weights times src (images, in_ch, hw), plus bias
-// (or not), read from and written to the tensors themselves: whole vectors of positions
-// through correlate, the last hw % kConvQuantum through a zero-padded copy.
+// (or not), plus res (or not), read from and written to the tensors themselves: whole vectors
+// of positions through correlate, the last hw % kConvQuantum through a zero-padded copy.
 void pointwise_images(int64_t images, int64_t hw, const float* src, int64_t in_ch,
-                      const std::vector<float>& wpk, int64_t out_ch, const float* bias,
-                      float* dst) {
+                      const std::vector<float>& wpk, int64_t out_ch, const float* bias, float* dst,
+                      const float* res = nullptr) {
   const int64_t main = hw / kConvQuantum * kConvQuantum, tail = hw - main, off = 0;
 #pragma omp parallel for schedule(static) if (images > 1)
   for (int64_t img = 0; img < images; ++img) {
@@ -330,15 +346,19 @@ void pointwise_images(int64_t images, int64_t hw, const float* src, int64_t in_c
     for (int64_t o = 0; o < out_ch; ++o)
       for (int64_t t = 0; t < tail; ++t) out[o * hw + main + t] = tout[o * kConvQuantum + t];
   }
+  // The image's output is still in cache where the caller's loop left it.
+#pragma omp parallel for schedule(static) if (res && images > 1)
+  for (int64_t img = 0; img < (res ? images : 0); ++img)
+    add_run(res + img * out_ch * hw, out_ch * hw, dst + img * out_ch * hw);
 }
 
-// out (b, co, ho, wo) = x (b, ci, h, w) correlated with w at g's stride, plus bias.
+// out (b, co, ho, wo) = x (b, ci, h, w) correlated with w at g's stride, plus bias, plus res.
 void direct_forward(const ConvGeom& g, const float* x, const float* w, const float* bias,
-                    float* out) {
+                    float* out, const float* res) {
   const auto wpk = pack_weights(w, g.co, g.ci, g.kh * g.kw, false);
-  if (pointwise(g)) return pointwise_images(g.b, g.h * g.w, x, g.ci, wpk, g.co, bias, out);
+  if (pointwise(g)) return pointwise_images(g.b, g.h * g.w, x, g.ci, wpk, g.co, bias, out, res);
   const Flat f = flat_of(g.h, g.w, g.pad, g.pad, g.kh, g.kw, g.stride);
-  correlate_images(f, g.b, x, g.ci, wpk, g.co, bias, out);
+  correlate_images(f, g.b, x, g.ci, wpk, g.co, bias, out, res);
 }
 
 // gx (b, ci, h, w) at stride 1 = gy correlated with w flipped and transposed, at padding
@@ -604,10 +624,10 @@ void to_lanes(const LanePlane& lp, const float* src, int64_t b, int64_t channels
     }
 }
 
-// dst (b, channels, h, w) = src ([channels][groups][h w][kLanes], no padding) out of lanes, for
-// the groups of r.
+// dst (b, channels, h, w) = src ([channels][groups][h w][kLanes], no padding) out of lanes, plus
+// res (dst's shape, or not), for the groups of r.
 void from_lanes(int64_t h, int64_t w, const float* src, int64_t b, int64_t channels, float* dst,
-                const GroupRange& r) {
+                const GroupRange& r, const float* res = nullptr) {
   const int64_t groups = lane_groups(b), hw = h * w, whole = hw / kLanes * kLanes;
 #pragma omp parallel for collapse(2) \
     schedule(static) if (r.team && channels * (r.g1 - r.g0) * hw > (1 << 14))
@@ -631,6 +651,8 @@ void from_lanes(int64_t h, int64_t w, const float* src, int64_t b, int64_t chann
       for (int64_t p = whole; p < hw; ++p)
         for (int64_t j = 0; j < kLanes; ++j)
           if (img[j]) img[j][p] = s[p * kLanes + j];
+      for (int64_t j = 0; j < kLanes && res; ++j)
+        if (img[j]) add_run(res + (img[j] - dst), hw, img[j]);
     }
 }
 
@@ -694,7 +716,7 @@ bool lanes_path(const ConvGeom& g) {
 // out (b, co, ho, wo) = x correlated with w plus bias, through lanes; returns x in lanes when
 // `keep` (for the weight gradient), else an undefined tensor (x in lanes then lives in scratch).
 Tensor lanes_forward(const ConvGeom& g, const float* x, const float* w, const float* bias,
-                     float* out, bool keep) {
+                     float* out, const float* res, bool keep) {
   const LanePlane lp = lane_plane(g.h, g.w, g.pad, g.pad);
   const int64_t groups = lane_groups(g.b), in_plane = groups * lp.plane * kLanes;
   Tensor xl = keep ? Tensor::uninitialized({g.ci * in_plane}, DType::kF32) : Tensor();
@@ -706,7 +728,7 @@ Tensor lanes_forward(const ConvGeom& g, const float* x, const float* w, const fl
   over_groups(groups, [&](const GroupRange& r) {
     to_lanes(lp, x, g.b, g.ci, px, r);
     correlate_units(px, in_plane, g.ci, taps, wpk, g.co, bias, units, g.hw_out(), ol, r);
-    from_lanes(g.ho, g.wo, ol, g.b, g.co, out, r);
+    from_lanes(g.ho, g.wo, ol, g.b, g.co, out, r, res);
   });
   return xl;
 }
@@ -816,6 +838,59 @@ ConvGeom geom_of(const Shape& x, const Shape& w, int64_t stride, int64_t padding
   return g;
 }
 
+// The gradients (x, w, bias) of a conv2d: through lanes, the direct kernels or im2col + GEMM.
+std::vector<Tensor> conv_grads(const ConvGeom& g, const Tensor& dx, const Tensor& dw,
+                               const Tensor& xl, const Tensor& gc, bool has_bias, bool need_x,
+                               bool need_w, bool direct, bool lanes) {
+  if (lanes) return lanes_backward(g, xl.defined() ? xl : dx, dw, gc, has_bias, need_x, need_w);
+  if (direct) return direct_backward(g, dx, dw, gc, has_bias, need_x, need_w);
+  Tensor gx = need_x ? Tensor::zeros(dx.shape(), dx.dtype()) : Tensor();
+  Tensor gw = Tensor::zeros(dw.shape(), dw.dtype());
+  Tensor gb = has_bias ? Tensor::zeros({g.co}, dw.dtype()) : Tensor();
+  dispatch_float(dw.dtype(), "conv2d", [&]<typename T>() {
+    const int64_t chunk = g.chunk(), hwo = g.hw_out();
+    T* col = scratch<T>(0, g.krows() * chunk * hwo);
+    T* gout = scratch<T>(1, g.co * chunk * hwo);
+    const T* pg = gc.data<T>();
+    const T* pw = dw.data<T>();
+    T* pgw = gw.data<T>();
+    for (int64_t n0 = 0; n0 < g.b; n0 += chunk) {
+      const int64_t n = std::min(chunk, g.b - n0), cols = n * hwo;
+      // gout (co, n hwo): the chunk's output gradient in the GEMM's
+      // layout.
+      for (int64_t img = 0; img < n; ++img) {
+        for (int64_t o = 0; o < g.co; ++o) {
+          const T* src = pg + ((n0 + img) * g.co + o) * hwo;
+          std::copy(src, src + hwo, gout + o * cols + img * hwo);
+        }
+      }
+      if (has_bias) {
+        T* pgb = gb.data<T>();
+        for (int64_t o = 0; o < g.co; ++o) {
+          T s = 0;
+          const T* row = gout + o * cols;
+          for (int64_t p = 0; p < cols; ++p) s += row[p];
+          pgb[o] += s;
+        }
+      }
+      if (need_w) {
+        im2col<T>(g, dx.data<T>(), n0, n, col);
+        // gW (co, krows) += gout (co, cols) x col^T (cols, krows)
+        gemm<T>(false, true, g.co, g.krows(), cols, T(1), gout, cols, col, cols, T(1), pgw,
+                g.krows());
+      }
+      if (need_x) {
+        // gcol (krows, cols) = W^T (krows, co) x gout (co, cols), reusing
+        // `col`.
+        gemm<T>(true, false, g.krows(), cols, g.co, T(1), pw, g.krows(), gout, cols, T(0), col,
+                cols);
+        col2im_add<T>(g, col, n0, n, gx.data<T>());
+      }
+    }
+  });
+  return std::vector<Tensor>{gx, need_w ? gw : Tensor(), gb};
+}
+
 }  // namespace
 
 namespace internal {
@@ -828,8 +903,8 @@ const char* conv2d_cpu_path(const Shape& x, const Shape& w, int64_t stride, int6
 }
 }  // namespace internal
 
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride,
-              int64_t padding) {
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride, int64_t padding,
+              const Tensor& residual) {
   const char* op = "conv2d";
   STARLING_OP_CHECK(x.dim() == 4, op, "input must be (B, C_in, H, W), got " + shape_str(x.shape()));
   STARLING_OP_CHECK(w.dim() == 4, op,
@@ -848,8 +923,16 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
   const bool has_bias = bias.defined();
   STARLING_OP_CHECK(!has_bias || (bias.numel() == g.co && bias.dtype() == x.dtype()), op,
                     "bias must be (C_out) = (" + std::to_string(g.co) + ") of the input's dtype");
+  const bool has_res = residual.defined();
+  STARLING_OP_CHECK(
+      !has_res ||
+          (residual.shape() == Shape{g.b, g.co, g.ho, g.wo} && residual.dtype() == x.dtype()),
+      op,
+      "residual must be the output's shape " + shape_str({g.b, g.co, g.ho, g.wo}) +
+          " and dtype, got " + (has_res ? shape_str(residual.shape()) : std::string()));
   const Tensor xc = x.contiguous(), wc = w.contiguous();
   const Tensor bc = has_bias ? bias.contiguous() : Tensor();
+  const Tensor rc = has_res ? residual.contiguous() : Tensor();
   Tensor out = Tensor::uninitialized({g.b, g.co, g.ho, g.wo}, x.dtype());
   const bool direct = direct_path(g, x.dtype());
   const bool lanes = direct && lanes_path(g);
@@ -859,10 +942,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
   Tensor xl;
   if (lanes) {
     xl = lanes_forward(g, xc.data<float>(), wc.data<float>(), has_bias ? bc.data<float>() : nullptr,
-                       out.data<float>(), keep_xl);
+                       out.data<float>(), has_res ? rc.data<float>() : nullptr, keep_xl);
   } else if (direct) {
     direct_forward(g, xc.data<float>(), wc.data<float>(), has_bias ? bc.data<float>() : nullptr,
-                   out.data<float>());
+                   out.data<float>(), has_res ? rc.data<float>() : nullptr);
   } else {
     dispatch_float(x.dtype(), op, [&]<typename T>() {
       const int64_t chunk = g.chunk(), hwo = g.hw_out();
@@ -871,6 +954,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
       const T* px = xc.data<T>();
       const T* pw = wc.data<T>();
       const T* pb = has_bias ? bc.data<T>() : nullptr;
+      const T* pr = has_res ? rc.data<T>() : nullptr;
       T* po = out.data<T>();
       for (int64_t n0 = 0; n0 < g.b; n0 += chunk) {
         const int64_t n = std::min(chunk, g.b - n0), cols = n * hwo;
@@ -885,66 +969,27 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
             T* dst = po + ((n0 + img) * g.co + o) * hwo;
             const T bv = pb ? pb[o] : T(0);
             for (int64_t p = 0; p < hwo; ++p) dst[p] = src[p] + bv;
+            if (pr) {
+              const T* r = pr + ((n0 + img) * g.co + o) * hwo;
+              for (int64_t p = 0; p < hwo; ++p) dst[p] += r[p];
+            }
           }
         }
       }
     });
   }
-  if (!autograd::needs_grad({&x, &w, &bias})) return out;
+  if (!autograd::needs_grad({&x, &w, &bias, &residual})) return out;
   const bool need_x = x.requires_grad(), need_w = w.requires_grad();
   const Tensor dx = lanes && (keep_xl || !need_w) ? Tensor() : xc.detach(), dw = wc.detach();
   return autograd::record(
-      out, op, {x, w, bias},
-      [dx, dw, xl, g, has_bias, need_x, need_w, direct, lanes](const Tensor& grad) {
+      out, op, {x, w, bias, residual},
+      [dx, dw, xl, g, has_bias, has_res, need_x, need_w, direct, lanes](const Tensor& grad) {
         const Tensor gc = grad.contiguous();
-        if (lanes)
-          return lanes_backward(g, xl.defined() ? xl : dx, dw, gc, has_bias, need_x, need_w);
-        if (direct) return direct_backward(g, dx, dw, gc, has_bias, need_x, need_w);
-        Tensor gx = need_x ? Tensor::zeros(dx.shape(), dx.dtype()) : Tensor();
-        Tensor gw = Tensor::zeros(dw.shape(), dw.dtype());
-        Tensor gb = has_bias ? Tensor::zeros({g.co}, dw.dtype()) : Tensor();
-        dispatch_float(dw.dtype(), "conv2d", [&]<typename T>() {
-          const int64_t chunk = g.chunk(), hwo = g.hw_out();
-          T* col = scratch<T>(0, g.krows() * chunk * hwo);
-          T* gout = scratch<T>(1, g.co * chunk * hwo);
-          const T* pg = gc.data<T>();
-          const T* pw = dw.data<T>();
-          T* pgw = gw.data<T>();
-          for (int64_t n0 = 0; n0 < g.b; n0 += chunk) {
-            const int64_t n = std::min(chunk, g.b - n0), cols = n * hwo;
-            // gout (co, n hwo): the chunk's output gradient in the GEMM's
-            // layout.
-            for (int64_t img = 0; img < n; ++img) {
-              for (int64_t o = 0; o < g.co; ++o) {
-                const T* src = pg + ((n0 + img) * g.co + o) * hwo;
-                std::copy(src, src + hwo, gout + o * cols + img * hwo);
-              }
-            }
-            if (has_bias) {
-              T* pgb = gb.data<T>();
-              for (int64_t o = 0; o < g.co; ++o) {
-                T s = 0;
-                const T* row = gout + o * cols;
-                for (int64_t p = 0; p < cols; ++p) s += row[p];
-                pgb[o] += s;
-              }
-            }
-            if (need_w) {
-              im2col<T>(g, dx.data<T>(), n0, n, col);
-              // gW (co, krows) += gout (co, cols) x col^T (cols, krows)
-              gemm<T>(false, true, g.co, g.krows(), cols, T(1), gout, cols, col, cols, T(1), pgw,
-                      g.krows());
-            }
-            if (need_x) {
-              // gcol (krows, cols) = W^T (krows, co) x gout (co, cols), reusing
-              // `col`.
-              gemm<T>(true, false, g.krows(), cols, g.co, T(1), pw, g.krows(), gout, cols, T(0),
-                      col, cols);
-              col2im_add<T>(g, col, n0, n, gx.data<T>());
-            }
-          }
-        });
-        return std::vector<Tensor>{gx, need_w ? gw : Tensor(), gb};
+        // The residual's gradient is the output's.
+        std::vector<Tensor> grads =
+            conv_grads(g, dx, dw, xl, gc, has_bias, need_x, need_w, direct, lanes);
+        if (has_res) grads.push_back(gc);
+        return grads;
       });
 }
 

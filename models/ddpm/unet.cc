@@ -72,8 +72,8 @@ Tensor ResBlock::forward(const Tensor& x, const Tensor& temb) const {
   const Tensor tp = temb_proj->forward(ops::silu(temb));
   h = norm2->forward_silu(h, tp);
   h = ops::dropout(h, dropout_, training(), *rng_);
-  h = conv2->forward(h);
-  return ops::add(skip ? skip->forward(x) : x, h);
+  // The skip is added as conv2 writes its output.
+  return conv2->forward(h, skip ? skip->forward(x) : x);
 }
 
 AttnBlock::AttnBlock(int64_t channels, int64_t groups, int64_t heads, Rng& init) : heads_(heads) {

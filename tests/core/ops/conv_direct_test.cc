@@ -172,5 +172,41 @@ TEST_CASE("direct conv2d: the input alone, or the weight alone, may need a gradi
   CHECK(max_abs_diff(wg.grad(), both.gw) == 0.0);
 }
 
+TEST_CASE("conv2d adds a residual as it writes its output, on every path", "[ops]") {
+  // The same numbers as a separate add, forward and backward, and the residual's gradient is
+  // the output's: flat, lanes at stride 1 and 2, a 1x1 product in place, im2col in float64.
+  struct Case {
+    int64_t batch, k, pad, stride;
+    DType dtype;
+    const char* path;
+  };
+  const auto c =
+      GENERATE(Case{2, 3, 1, 1, DType::kF32, "flat"}, Case{16, 3, 1, 1, DType::kF32, "lanes"},
+               Case{16, 3, 1, 2, DType::kF32, "lanes"}, Case{2, 1, 0, 1, DType::kF32, "pointwise"},
+               Case{2, 3, 1, 1, DType::kF64, "im2col"});
+  CAPTURE(c.batch, c.k, c.stride, c.path);
+  const Shape xs{c.batch, 3, 7, 7}, ws{5, 3, c.k, c.k};
+  CHECK(std::string(internal::conv2d_cpu_path(xs, ws, c.stride, c.pad, c.dtype)) == c.path);
+  const int64_t ho = (7 + 2 * c.pad - c.k) / c.stride + 1, wo = ho;
+  const Tensor x0 = rand64(xs, 41).to(c.dtype), w0 = rand64(ws, 42).to(c.dtype);
+  const Tensor b0 = rand64({5}, 43).to(c.dtype),
+               res0 = rand64({c.batch, 5, ho, wo}, 44).to(c.dtype);
+  const Tensor r = rand64({c.batch, 5, ho, wo}, 45).to(c.dtype);
+  std::vector<Tensor> got[2];
+  for (const bool fused : {false, true}) {
+    Tensor x = x0.detach(), w = w0.detach(), b = b0.detach(), res = res0.detach();
+    for (Tensor* v : {&x, &w, &b, &res}) v->set_requires_grad(true);
+    const Tensor y =
+        fused ? conv2d(x, w, b, c.stride, c.pad, res) : add(conv2d(x, w, b, c.stride, c.pad), res);
+    autograd::backward(sum(mul(y, r)));
+    got[fused] = {y.detach(), x.grad(), w.grad(), b.grad(), res.grad()};
+  }
+  for (size_t i = 0; i < 5; ++i) {
+    CAPTURE(i);
+    CHECK(max_abs_diff(got[1][i], got[0][i]) == 0.0);
+  }
+  CHECK(max_abs_diff(got[1][4], r) == 0.0);
+}
+
 }  // namespace
 }  // namespace starling::ops
