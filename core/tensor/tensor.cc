@@ -88,6 +88,45 @@ void store_double(void* base, DType t, int64_t i, double v) {
   }
 }
 
+// Copies the elements of `t` (es bytes each) in row-major order to d, whole rows at a time
+// where the innermost dims (merged where one steps exactly over the next) are contiguous: a
+// slice along a channel dim is then a memcpy per (image, channel) plane, not per element.
+// Returns false (nothing copied) when the innermost stride is not 1.
+bool copy_rows(const Tensor& t, const char* base, size_t es, char* d) {
+  const auto& sh = t.shape();
+  const auto& st = t.strides();
+  // Merge dims from the inside out: (size, stride) pairs, innermost first.
+  std::vector<int64_t> size, stride;
+  for (int64_t k = t.dim() - 1; k >= 0; --k) {
+    const auto ku = static_cast<size_t>(k);
+    if (sh[ku] == 1) continue;
+    if (!size.empty() && st[ku] == stride.back() * size.back()) {
+      size.back() *= sh[ku];
+      continue;
+    }
+    size.push_back(sh[ku]);
+    stride.push_back(st[ku]);
+  }
+  if (size.empty() || stride.front() != 1) return false;
+  const int64_t row = size.front(), n = t.numel();
+  const auto nd = size.size();
+  std::vector<int64_t> idx(nd, 0);
+  int64_t off = t.offset();
+  const auto esi = static_cast<int64_t>(es);
+  for (int64_t lin = 0; lin < n; lin += row) {
+    std::memcpy(d + lin * esi, base + off * esi, static_cast<size_t>(row) * es);
+    for (size_t k = 1; k < nd; ++k) {
+      if (++idx[k] < size[k]) {
+        off += stride[k];
+        break;
+      }
+      off -= stride[k] * (size[k] - 1);
+      idx[k] = 0;
+    }
+  }
+  return true;
+}
+
 // Calls f(src_offset, dst_linear_index) for every element of `t` in row-major order.
 template <typename F>
 void for_each_offset(const Tensor& t, F&& f) {
@@ -573,6 +612,7 @@ void Tensor::copy_from(const Tensor& src) {
       const size_t es = dtype_size(dtype());
       const char* sbase = static_cast<const char*>(src.impl_->storage->data());
       char* d = static_cast<char*>(raw_data());
+      if (copy_rows(src, sbase, es, d)) return;
       if (es == 4) {
         for_each_offset(
             src, [&](int64_t off, int64_t i) { std::memcpy(d + i * 4, sbase + off * 4, 4); });

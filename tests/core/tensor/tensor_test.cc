@@ -52,6 +52,44 @@ TEST_CASE("views share storage: reshape, transpose, slice, select", "[tensor]") 
   REQUIRE_FALSE(r2.shares_storage(t));
 }
 
+TEST_CASE("contiguous copies of strided views hold every element in row-major order", "[tensor]") {
+  // Views whose inner dims are contiguous rows (copied a row at a time) and views that are not
+  // (copied element by element), each against an index-by-index reference.
+  const Tensor t = Tensor::arange(2 * 5 * 3 * 4).view({2, 5, 3, 4});
+  const std::vector<Tensor> views = {
+      t.slice(1, 1, 4),                                   // a channel range: rows of 3 x 4 merged
+      t.slice(1, 0, 5, 2),                                // every other channel
+      t.slice(3, 1, 3),                                   // part of each innermost row
+      t.slice(2, 2, 3),                                   // a dim of one: skipped when merging
+      t.select(1, 3),                                     // (2, 3, 4) from (2, 5, 3, 4)
+      t.transpose(1, 3),                                  // innermost stride 60: element by element
+      t.slice(0, 1, 2).slice(1, 2, 5).slice(3, 0, 4, 3),  // steps inside the row
+  };
+  for (size_t v = 0; v < views.size(); ++v) {
+    CAPTURE(v);
+    const Tensor& view = views[v];
+    const Tensor c = view.contiguous();
+    REQUIRE(c.is_contiguous());
+    REQUIRE(c.shape() == view.shape());
+    const std::vector<float> got = c.to_float_vector();
+    // The reference: walk the view's indices with its own strides.
+    const auto& sh = view.shape();
+    const auto& st = view.strides();
+    std::vector<int64_t> idx(sh.size(), 0);
+    const std::vector<float> base = t.to_float_vector();
+    for (int64_t i = 0; i < view.numel(); ++i) {
+      int64_t off = view.offset();
+      for (size_t d = 0; d < sh.size(); ++d) off += idx[d] * st[d];
+      REQUIRE(got[static_cast<size_t>(i)] == base[static_cast<size_t>(off)]);
+      for (int64_t d = static_cast<int64_t>(sh.size()) - 1; d >= 0; --d) {
+        const auto du = static_cast<size_t>(d);
+        if (++idx[du] < sh[du]) break;
+        idx[du] = 0;
+      }
+    }
+  }
+}
+
 TEST_CASE("dtype conversions round trip", "[tensor]") {
   starling::Rng rng(7);
   Tensor x = Tensor::randn({257}, rng);
