@@ -81,9 +81,12 @@ void correlate_blocks(const CorrelateArgs& a) {
   const int64_t nvec = a.npos / V::L;
   const int64_t blocks = (a.co + kConvOutBlock - 1) / kConvOutBlock;
   // Positions outer, output blocks inner: one tile's input rows stay in L1 while every block's
-  // weights stream past them.
-  for (int64_t v0 = 0; v0 < nvec; v0 += kMax) {
-    const int64_t nv = nvec - v0 < kMax ? nvec - v0 : kMax;
+  // weights stream past them. The fewest tiles of at most kMax vectors, of near-equal sizes (14
+  // vectors: 4, 5, 5, not 6, 6, 2: a narrow tile has too few sums in flight to hide the
+  // multiply-add's latency).
+  const int64_t ntiles = (nvec + kMax - 1) / kMax;
+  for (int64_t t = 0; t < ntiles; ++t) {
+    const int64_t v0 = nvec * t / ntiles, nv = nvec * (t + 1) / ntiles - v0;
     const int64_t p0 = v0 * V::L;
     for (int64_t ob = 0; ob < blocks; ++ob) {
       const int64_t o0 = ob * kConvOutBlock;
@@ -153,12 +156,14 @@ inline void weight_grad_tile(const WeightGradArgs& a, int64_t o, const int64_t* 
     for (int j = 0; j < KW; ++j) V::store(a.dwt + (dst[r] + j) * a.co_stride + o, acc[r][j]);
 }
 
-// Rows of at most kRows at a time, NR dispatched at run time.
+// Rows in the fewest tiles of at most kRows, of near-equal sizes (48 rows: six of 8, not five
+// of 9 and one of 3), NR dispatched at run time.
 template <class V, int KW, int kRows>
 inline void weight_grad_rows(const WeightGradArgs& a, int64_t o, const int64_t* roff,
                              const int64_t* dst, int64_t rows) {
-  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-    const int64_t nr = rows - r0 < kRows ? rows - r0 : kRows;
+  const int64_t ntiles = (rows + kRows - 1) / kRows;
+  for (int64_t t = 0; t < ntiles; ++t) {
+    const int64_t r0 = rows * t / ntiles, nr = rows * (t + 1) / ntiles - r0;
     const int64_t* ro = roff + r0;
     const int64_t* d = dst + r0;
     switch (nr) {
