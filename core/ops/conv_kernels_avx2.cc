@@ -14,8 +14,8 @@ struct Avx2 {
   using T = __m256;
   static constexpr int L = 8;
   static constexpr int kCorrVecs = 2;
-  static constexpr int kGradRows3 = 4;
-  static constexpr int kGradRows5 = 2;
+  static constexpr int kGradRows3 = 2;
+  static constexpr int kGradRows5 = 1;
   static constexpr int kGemmRows = 8;
   static constexpr int kGradTaps = 8;
   static constexpr int kLaneGradOut = 2;

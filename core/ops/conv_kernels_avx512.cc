@@ -1,5 +1,6 @@
 // The direct convolution kernels (core/ops/internal/conv_kernels.h) for AVX-512: 16 lanes,
-// 32 vector registers (4 x 6 accumulators in `correlate`, 27 in `weight_grad`). Built with
+// 32 vector registers (4 x 6 accumulators in `correlate`; 5 rows of 3 sums and a window of 2
+// inputs, or 3 rows of 5 and 4, in `weight_grad`). Built with
 // -mavx512f -mfma (core/CMakeLists.txt) and called only where the CPU reports AVX-512F.
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -14,8 +15,8 @@ struct Avx512 {
   using T = __m512;
   static constexpr int L = 16;
   static constexpr int kCorrVecs = 6;
-  static constexpr int kGradRows3 = 9;
-  static constexpr int kGradRows5 = 5;
+  static constexpr int kGradRows3 = 5;
+  static constexpr int kGradRows5 = 3;
   static constexpr int kGemmRows = 16;
   static constexpr int kGradTaps = 9;
   static constexpr int kLaneGradOut = 4;

@@ -20,8 +20,8 @@ struct Generic {
 #endif
   static constexpr int L = 4;
   static constexpr int kCorrVecs = 2;
-  static constexpr int kGradRows3 = 4;
-  static constexpr int kGradRows5 = 2;
+  static constexpr int kGradRows3 = 2;
+  static constexpr int kGradRows5 = 1;
   static constexpr int kGemmRows = 8;
   static constexpr int kGradTaps = 8;
   static constexpr int kLaneGradOut = 2;

@@ -9,8 +9,9 @@
 // lanes, in a fixed order), pin (the value, held in a register: an empty asm that stops the
 // compiler from folding one load into every instruction that uses it); and register budgets:
 // kCorrVecs (position vectors per output block in `correlate`'s register tile) and, for
-// `weight_grad`'s tiles, kGradRows3 / kGradRows5 (rows of a 3- or 5-wide kernel) and kGradTaps
-// (single taps), each at most 9; kLaneGradOut x kLaneGradEntries, `lane_weight_grad`'s tile
+// `weight_grad`'s tiles, kGradRows3 / kGradRows5 (rows of a 3- or 5-wide kernel: 2 KW - 1
+// registers each, KW sums and a window of KW - 1 inputs) and kGradTaps (single taps), each at
+// most 9; kLaneGradOut x kLaneGradEntries, `lane_weight_grad`'s tile
 // (with one more vector per output and one for the input, it fits the register file).
 #pragma once
 
@@ -139,7 +140,33 @@ inline void weight_grad_tile(const WeightGradArgs& a, int64_t o, const int64_t* 
   for (int r = 0; r < NR; ++r)
     for (int j = 0; j < KW; ++j) acc[r][j] = V::zero();
   const float* g = a.gt + o;
-  for (int64_t b = 0; b < a.images; ++b) {
+  if constexpr (KW > 1) {
+    // A window over each row: output xo needs x[xo .. xo + KW - 1], and the next one shares
+    // KW - 1 of them, so each x value is broadcast once, not KW times (the kernel was bound by
+    // its loads: 28 per 27 multiply-adds at 3x3; now NR + 1 per KW NR).
+    for (int64_t b = 0; b < a.images; ++b) {
+      const float* xb = a.x + b * a.x_image;
+      for (int64_t y = 0; y < a.ho; ++y) {
+        const float* xr[NR];
+        typename V::T win[NR][KW - 1];
+        for (int r = 0; r < NR; ++r) {
+          xr[r] = xb + y * a.wp + roff[r];
+          for (int j = 0; j < KW - 1; ++j) win[r][j] = V::bcast(xr[r] + j);
+        }
+        for (int64_t xo = 0; xo < a.wo; ++xo, g += a.co_stride) {
+          const typename V::T gv = V::load(g);
+          for (int r = 0; r < NR; ++r) {
+            const typename V::T last = V::bcast(xr[r] + xo + KW - 1);
+            for (int j = 0; j < KW - 1; ++j) acc[r][j] = V::fma(gv, win[r][j], acc[r][j]);
+            acc[r][KW - 1] = V::fma(gv, last, acc[r][KW - 1]);
+            for (int j = 0; j + 1 < KW - 1; ++j) win[r][j] = win[r][j + 1];
+            win[r][KW - 2] = last;
+          }
+        }
+      }
+    }
+  }
+  for (int64_t b = 0; b < (KW > 1 ? 0 : a.images); ++b) {
     const float* xb = a.x + b * a.x_image;
     for (int64_t y = 0; y < a.ho; ++y) {
       const float* xy = xb + y * a.wp;
