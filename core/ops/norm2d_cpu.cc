@@ -75,22 +75,30 @@ std::pair<double, double> dsum2(int64_t n, const float* x) {
   return {sum8(a) + ta, sum8(q) + tq};
 }
 
-// The sums of g[j] and g[j] (x[j] - m) for j < n in double, in one pass over both rows.
-std::pair<double, double> dsum_gx(int64_t n, const float* g, const float* x, double m) {
-  D8 a = {}, q = {};
+// The sums of g[j], g[j] (x[j] - m) and (with kX) x[j] for j < n in double, in one pass over
+// both rows.
+struct RowSums {
+  double g, gx, x;
+};
+
+template <bool kX>
+RowSums dsum_gx(int64_t n, const float* g, const float* x, double m) {
+  D8 a = {}, q = {}, s = {};
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    const D8 gd = load_d8(g + j);
+    const D8 gd = load_d8(g + j), xd = load_d8(x + j);
     a += gd;
-    q += gd * (load_d8(x + j) - m);
+    q += gd * (xd - m);
+    if constexpr (kX) s += xd;
   }
-  double ta = 0, tq = 0;
+  double ta = 0, tq = 0, ts = 0;
   for (; j < n; ++j) {
-    const double gd = static_cast<double>(g[j]);
+    const double gd = static_cast<double>(g[j]), xd = static_cast<double>(x[j]);
     ta += gd;
-    tq += gd * (static_cast<double>(x[j]) - m);
+    tq += gd * (xd - m);
+    ts += xd;
   }
-  return {sum8(a) + ta, sum8(q) + tq};
+  return {sum8(a) + ta, sum8(q) + tq, kX ? sum8(s) + ts : 0.0};
 }
 
 using internal::exp_t;
@@ -266,22 +274,28 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
               }
               grow = gxrow;
             }
-            // dx = rs (dxh - mean(dxh) - x_hat mean(dxh x_hat)), dxh = g w.
+            // dx = rs (dxh - mean(dxh) - x_hat mean(dxh x_hat)), dxh = g w. Under a shift, also
+            // each channel's sum of x (for its shift's gradient below).
             double mean_d = 0, mean_dx = 0;
+            double xsum[64];  // per channel of the group, under a shift
             for (int64_t ch = 0; ch < cg; ++ch) {
               const T* gch = grow + ch * hw;
               const T* xch = row + ch * hw;
               const double mc = mean_of(ch);
               double s1, s2;
               if constexpr (std::is_same_v<T, float>) {
-                const auto [sa, sq] = dsum_gx(hw, gch, xch, mc);
-                s1 = sa;
-                s2 = rs * sq;
+                const RowSums rsum =
+                    ps ? dsum_gx<true>(hw, gch, xch, mc) : dsum_gx<false>(hw, gch, xch, mc);
+                s1 = rsum.g;
+                s2 = rs * rsum.gx;
+                if (ps && ch < 64) xsum[ch] = rsum.x;
               } else {
                 s1 = dsum(hw, [gch](int64_t p) { return static_cast<double>(gch[p]); });
                 s2 = rs * dsum(hw, [gch, xch, mc](int64_t p) {
                        return static_cast<double>(gch[p]) * (static_cast<double>(xch[p]) - mc);
                      });
+                if (ps && ch < 64)
+                  xsum[ch] = dsum(hw, [xch](int64_t p) { return static_cast<double>(xch[p]); });
               }
               sg[static_cast<size_t>(img * c + c0 + ch)] = s1;
               sgx[static_cast<size_t>(img * c + c0 + ch)] = s2;
@@ -293,18 +307,24 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
             // Per channel, dx = a g + b x + c: rs w, -rs^2 mean_dx and rs (m rs mean_dx - mean_d)
             // (m: the channel's mean as seen from x), folded in double, applied in T (16 lanes of
             // float, not 8 of double). grow may be gxrow itself: each element is read before it
-            // is written. A shift's gradient is the sum of its channel's dx.
+            // is written. A shift's gradient is the sum of its channel's dx: a sum(g) + b sum(x)
+            // + n c, from the sums already taken.
             for (int64_t ch = 0; ch < cg; ++ch) {
-              const T a = static_cast<T>(rs * static_cast<double>(pw[c0 + ch]));
-              const T bx = static_cast<T>(-rs * rs * mean_dx);
-              const T cc = static_cast<T>(rs * (mean_of(ch) * rs * mean_dx - mean_d));
-              for (int64_t p = ch * hw; p < (ch + 1) * hw; ++p)
-                gxrow[p] = a * grow[p] + bx * row[p] + cc;
+              const double ad = rs * static_cast<double>(pw[c0 + ch]), bd = -rs * rs * mean_dx;
+              const double cd = rs * (mean_of(ch) * rs * mean_dx - mean_d);
+              const T a = static_cast<T>(ad), bx = static_cast<T>(bd), cc = static_cast<T>(cd);
+              const T* gsrc = grow + ch * hw;
+              const T* xsrc = row + ch * hw;
               if (pgs) {
-                const T* d = gxrow + ch * hw;
+                const double sx =
+                    ch < 64 ? xsum[ch]
+                            : dsum(hw, [xsrc](int64_t p) { return static_cast<double>(xsrc[p]); });
                 pgs[img * c + c0 + ch] =
-                    static_cast<T>(dsum(hw, [d](int64_t p) { return static_cast<double>(d[p]); }));
+                    static_cast<T>(ad * sg[static_cast<size_t>(img * c + c0 + ch)] + bd * sx +
+                                   static_cast<double>(hw) * cd);
               }
+              T* gdst = gxrow + ch * hw;
+              for (int64_t p = 0; p < hw; ++p) gdst[p] = a * gsrc[p] + bx * xsrc[p] + cc;
             }
           }
           T* pgw = gw.data<T>();
