@@ -481,8 +481,11 @@ TransposeBatch& transpose_batch() {
 void direct_weight_grad(const ConvGeom& g, const float* x, const float* gy, float* gw, float* gb) {
   const Flat f = flat_of(g.h, g.w, g.pad, g.pad, g.kh, g.kw, g.stride);
   const int64_t taps = g.kh * g.kw, hwo = g.hw_out(), co_stride = round_quantum(g.co);
-  // Without padding at stride 1 the kernel reads only real pixels: x as it is.
-  const bool as_is = g.pad == 0 && g.stride == 1;
+  // At stride 1 the kernel reads x as it is: without padding it reads only real pixels, and the
+  // 3- and 5-wide kernels read the padding as zeros themselves (WeightGradArgs::pad).
+  const bool unpadded = g.stride == 1 && g.pad > 0 && (g.kw == 3 || g.kw == 5) &&
+                        g.w + 2 * g.pad + g.kw <= internal::kWeightGradMaxRow;
+  const bool as_is = (g.pad == 0 && g.stride == 1) || unpadded;
   const int64_t x_plane = as_is ? g.h * g.w : f.plane;
   float* xs = as_is ? nullptr : scratch<float>(2, g.b * g.ci * f.plane);
   float* gt = scratch<float>(3, g.b * hwo * co_stride);
@@ -522,7 +525,7 @@ void direct_weight_grad(const ConvGeom& g, const float* x, const float* gy, floa
       internal::weight_grad({gt, co_stride, as_is ? x : xs, x_plane, g.ci * x_plane,
                              as_is ? g.w : f.wq, g.b, g.ho, g.wo, g.kh, g.kw, g.stride, f.phase,
                              ov * kConvQuantum, cg * group, std::min(g.ci, (cg + 1) * group),
-                             dwt.data()});
+                             dwt.data(), unpadded ? g.pad : 0, g.h});
   for (int64_t o = 0; o < g.co; ++o)
     for (int64_t k = 0; k < g.ci * taps; ++k) gw[o * g.ci * taps + k] = dwt[k * co_stride + o];
 }

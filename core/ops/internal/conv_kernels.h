@@ -86,7 +86,14 @@ struct WeightGradArgs {
   int64_t o0;  // multiple of kConvQuantum
   int64_t c0, c1;
   float* dwt;  // dwt[((c * kh + i) * kw + j) * co_stride + o]
+  // pad > 0: x is not padded (planes of h rows of wp floats) and reads outside them are zeros,
+  // `pad` rows and columns each side; only at stride 1 with kw 3 or 5, and wp + 2 pad + kw <=
+  // kWeightGradMaxRow.
+  int64_t pad = 0, h = 0;
 };
+
+// The widest row weight_grad reads unpadded (WeightGradArgs::pad).
+inline constexpr int64_t kWeightGradMaxRow = 2048;
 
 enum class ConvIsa { kGeneric, kAvx2, kAvx512 };
 

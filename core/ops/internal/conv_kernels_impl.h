@@ -133,9 +133,12 @@ void correlate_impl(const CorrelateArgs& a) {
 // NR kernel rows of KW taps each (rows: (c, i) pairs, or single taps when KW is 1) for the
 // output channels [o, o + L): NR x KW accumulators, one vector load of gradients per output
 // position and one broadcast per tap.
+// Zeros for the rows outside an unpadded image (WeightGradArgs::pad).
+alignas(64) constexpr float kZeroRow[kWeightGradMaxRow] = {};
+
 template <class V, int KW, int NR>
 inline void weight_grad_tile(const WeightGradArgs& a, int64_t o, const int64_t* roff,
-                             const int64_t* dst) {
+                             const int64_t* rrow, const int64_t* dst) {
   typename V::T acc[NR][KW];
   for (int r = 0; r < NR; ++r)
     for (int j = 0; j < KW; ++j) acc[r][j] = V::zero();
@@ -143,20 +146,36 @@ inline void weight_grad_tile(const WeightGradArgs& a, int64_t o, const int64_t* 
   if constexpr (KW > 1) {
     // A window over each row: output xo needs x[xo .. xo + KW - 1], and the next one shares
     // KW - 1 of them, so each x value is broadcast once, not KW times (the kernel was bound by
-    // its loads: 28 per 27 multiply-adds at 3x3; now NR + 1 per KW NR).
+    // its loads: 28 per 27 multiply-adds at 3x3; now NR + 1 per KW NR). Unpadded (a.pad > 0),
+    // padded column xo + j is the row's column xo + j - pad: the window starts with the left
+    // padding's zeros, the last outputs take the right padding's, and rows outside the image
+    // read kZeroRow.
+    const int64_t pad = a.pad;
+    // Outputs whose last tap lies inside the row.
+    const int64_t xend =
+        pad > 0 ? (a.wo < a.wp - (KW - 1) + pad ? a.wo : a.wp - (KW - 1) + pad) : a.wo;
     for (int64_t b = 0; b < a.images; ++b) {
       const float* xb = a.x + b * a.x_image;
       for (int64_t y = 0; y < a.ho; ++y) {
         const float* xr[NR];
         typename V::T win[NR][KW - 1];
         for (int r = 0; r < NR; ++r) {
-          xr[r] = xb + y * a.wp + roff[r];
-          for (int j = 0; j < KW - 1; ++j) win[r][j] = V::bcast(xr[r] + j);
+          if (pad > 0) {
+            // Column c of padded row y + i is xr[r][c]; its first `pad` columns are zeros.
+            const int64_t yy = y + rrow[r] - pad;
+            xr[r] = (yy >= 0 && yy < a.h ? xb + roff[r] + yy * a.wp : kZeroRow + pad) - pad;
+            for (int j = 0; j < KW - 1; ++j)
+              win[r][j] = j < pad || j - pad >= a.wp ? V::zero() : V::bcast(xr[r] + j);
+          } else {
+            xr[r] = xb + y * a.wp + roff[r];
+            for (int j = 0; j < KW - 1; ++j) win[r][j] = V::bcast(xr[r] + j);
+          }
         }
         for (int64_t xo = 0; xo < a.wo; ++xo, g += a.co_stride) {
           const typename V::T gv = V::load(g);
+          const bool inside = xo < xend;
           for (int r = 0; r < NR; ++r) {
-            const typename V::T last = V::bcast(xr[r] + xo + KW - 1);
+            const typename V::T last = inside ? V::bcast(xr[r] + xo + KW - 1) : V::zero();
             for (int j = 0; j < KW - 1; ++j) acc[r][j] = V::fma(gv, win[r][j], acc[r][j]);
             acc[r][KW - 1] = V::fma(gv, last, acc[r][KW - 1]);
             for (int j = 0; j + 1 < KW - 1; ++j) win[r][j] = win[r][j + 1];
@@ -187,16 +206,17 @@ inline void weight_grad_tile(const WeightGradArgs& a, int64_t o, const int64_t* 
 // of 9 and one of 3), NR dispatched at run time.
 template <class V, int KW, int kRows>
 inline void weight_grad_rows(const WeightGradArgs& a, int64_t o, const int64_t* roff,
-                             const int64_t* dst, int64_t rows) {
+                             const int64_t* rrow, const int64_t* dst, int64_t rows) {
   const int64_t ntiles = (rows + kRows - 1) / kRows;
   for (int64_t t = 0; t < ntiles; ++t) {
     const int64_t r0 = rows * t / ntiles, nr = rows * (t + 1) / ntiles - r0;
     const int64_t* ro = roff + r0;
+    const int64_t* ri = rrow + r0;
     const int64_t* d = dst + r0;
     switch (nr) {
-#define STARLING_WG_CASE(N)                                     \
-  case N:                                                       \
-    weight_grad_tile<V, KW, (N <= kRows ? N : 1)>(a, o, ro, d); \
+#define STARLING_WG_CASE(N)                                         \
+  case N:                                                           \
+    weight_grad_tile<V, KW, (N <= kRows ? N : 1)>(a, o, ro, ri, d); \
     break;
       STARLING_WG_CASE(1)
       STARLING_WG_CASE(2)
@@ -219,7 +239,7 @@ void weight_grad_impl(const WeightGradArgs& a) {
   // Kernel rows (3 or 5 taps wide, stride 1) or single taps, their input offsets and their first
   // output.
   constexpr int kMaxRows = 64;
-  int64_t roff[kMaxRows], dst[kMaxRows];
+  int64_t roff[kMaxRows], rrow[kMaxRows], dst[kMaxRows];
   const int64_t st = a.stride;
   const bool rows3 = a.kw == 3 && st == 1, rows5 = a.kw == 5 && st == 1;
   const int64_t width = rows3 || rows5 ? a.kw : 1;
@@ -228,17 +248,20 @@ void weight_grad_impl(const WeightGradArgs& a) {
     for (; c < a.c1 && n + a.kh * (a.kw / width) <= kMaxRows; ++c)
       for (int64_t i = 0; i < a.kh; ++i)
         for (int64_t j = 0; j < a.kw; j += width) {
-          roff[n] =
-              c * a.x_plane + ((i % st) * st + j % st) * a.phase_plane + (i / st) * a.wp + j / st;
+          // Unpadded, a row's offset is its channel's; its kernel row picks the input row.
+          roff[n] = a.pad > 0 ? c * a.x_plane
+                              : c * a.x_plane + ((i % st) * st + j % st) * a.phase_plane +
+                                    (i / st) * a.wp + j / st;
+          rrow[n] = i;
           dst[n++] = (c * a.kh + i) * a.kw + j;
         }
     for (int64_t o = a.o0; o < a.o0 + kConvQuantum; o += V::L) {
       if (rows3) {
-        weight_grad_rows<V, 3, V::kGradRows3>(a, o, roff, dst, n);
+        weight_grad_rows<V, 3, V::kGradRows3>(a, o, roff, rrow, dst, n);
       } else if (rows5) {
-        weight_grad_rows<V, 5, V::kGradRows5>(a, o, roff, dst, n);
+        weight_grad_rows<V, 5, V::kGradRows5>(a, o, roff, rrow, dst, n);
       } else {
-        weight_grad_rows<V, 1, V::kGradTaps>(a, o, roff, dst, n);
+        weight_grad_rows<V, 1, V::kGradTaps>(a, o, roff, rrow, dst, n);
       }
     }
     c0 = c;

@@ -68,6 +68,10 @@ TEST_CASE("direct conv2d kernels match float64 on every instruction set", "[ops]
       Case{{2, 2, 6, 9}, {5, 2, 3, 3}, 0}, Case{{1, 3, 8, 5}, {3, 3, 2, 3}, 1},
       Case{{4, 1, 28, 28}, {9, 1, 3, 3}, 1}, Case{{3, 8, 3, 2}, {1, 8, 3, 3}, 1},
       Case{{2, 4, 7, 7}, {13, 4, 3, 3}, 2},
+      // The weight gradient reads unpadded images (3- and 5-wide kernels at stride 1): padding
+      // of 2 on a 3x3 kernel, 1 on a 5x5, a one-column image.
+      Case{{2, 3, 7, 6}, {4, 3, 3, 3}, 2}, Case{{2, 3, 9, 8}, {4, 3, 5, 5}, 1},
+      Case{{2, 2, 5, 1}, {3, 2, 3, 3}, 1},
       // 32 channels or more on both sides, even and odd sizes, a one-row image.
       Case{{2, 32, 7, 7}, {33, 32, 3, 3}, 1}, Case{{1, 40, 6, 9}, {32, 40, 3, 3}, 1},
       Case{{2, 36, 1, 5}, {32, 36, 3, 3}, 1},
