@@ -1,4 +1,5 @@
 // CPU pooling and upsampling: one (image, channel) plane per loop iteration, in parallel.
+#include <algorithm>
 #include <string>
 
 #include "core/autograd/autograd.h"
@@ -134,11 +135,18 @@ Tensor upsample_nearest2d(const Tensor& x, int64_t scale) {
     T* po = out.data<T>();
 #pragma omp parallel for if (planes * ho * wo > (1 << 15))
     for (int64_t p = 0; p < planes; ++p) {
-      for (int64_t y = 0; y < ho; ++y) {
-        const T* src = px + (p * h + y / scale) * w;
-        T* dst = po + (p * ho + y) * wo;
-        for (int64_t xx = 0; xx < w; ++xx)
-          for (int64_t k = 0; k < scale; ++k) dst[xx * scale + k] = src[xx];
+      for (int64_t y = 0; y < h; ++y) {
+        // The first copy of each input row, then the rest as copies of it.
+        const T* src = px + (p * h + y) * w;
+        T* dst = po + (p * ho + y * scale) * wo;
+        if (scale == 2) {
+#pragma omp simd
+          for (int64_t xx = 0; xx < w; ++xx) dst[2 * xx] = dst[2 * xx + 1] = src[xx];
+        } else {
+          for (int64_t xx = 0; xx < w; ++xx)
+            for (int64_t k = 0; k < scale; ++k) dst[xx * scale + k] = src[xx];
+        }
+        for (int64_t k = 1; k < scale; ++k) std::copy(dst, dst + wo, dst + k * wo);
       }
     }
   });
@@ -146,17 +154,29 @@ Tensor upsample_nearest2d(const Tensor& x, int64_t scale) {
   const Shape xs = x.shape();
   return autograd::record(out, op, {x}, [xs, planes, h, w, ho, wo, scale](const Tensor& g) {
     const Tensor gc = g.contiguous();
-    Tensor gx = Tensor::zeros(xs, gc.dtype());
+    Tensor gx = Tensor::uninitialized(xs, gc.dtype());
     dispatch_float(gc.dtype(), "upsample_nearest2d", [&]<typename T>() {
       const T* pg = gc.data<T>();
       T* pgx = gx.data<T>();
+      // Each input's scale x scale block summed row by row, left to right.
 #pragma omp parallel for if (planes * ho * wo > (1 << 15))
       for (int64_t p = 0; p < planes; ++p) {
-        for (int64_t y = 0; y < ho; ++y) {
-          const T* src = pg + (p * ho + y) * wo;
-          T* dst = pgx + (p * h + y / scale) * w;
-          for (int64_t xx = 0; xx < w; ++xx)
-            for (int64_t k = 0; k < scale; ++k) dst[xx] += src[xx * scale + k];
+        for (int64_t y = 0; y < h; ++y) {
+          const T* src = pg + (p * ho + y * scale) * wo;
+          T* dst = pgx + (p * h + y) * w;
+          if (scale == 2) {
+            const T* src1 = src + wo;
+#pragma omp simd
+            for (int64_t xx = 0; xx < w; ++xx)
+              dst[xx] = ((src[2 * xx] + src[2 * xx + 1]) + src1[2 * xx]) + src1[2 * xx + 1];
+          } else {
+            for (int64_t xx = 0; xx < w; ++xx) {
+              T s = 0;
+              for (int64_t r = 0; r < scale; ++r)
+                for (int64_t k = 0; k < scale; ++k) s += src[r * wo + xx * scale + k];
+              dst[xx] = s;
+            }
+          }
         }
       }
     });

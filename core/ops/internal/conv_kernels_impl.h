@@ -130,12 +130,12 @@ void correlate_impl(const CorrelateArgs& a) {
     correlate_blocks<V, false, false>(a);
 }
 
-// NR kernel rows of KW taps each (rows: (c, i) pairs, or single taps when KW is 1) for the
-// output channels [o, o + L): NR x KW accumulators, one vector load of gradients per output
-// position and one broadcast per tap.
 // Zeros for the rows outside an unpadded image (WeightGradArgs::pad).
 alignas(64) constexpr float kZeroRow[kWeightGradMaxRow] = {};
 
+// NR kernel rows of KW taps each (rows: (c, i) pairs, rrow their kernel rows i, or single taps
+// when KW is 1) for the output channels [o, o + L): NR x KW accumulators, one vector load of
+// gradients per output position and one broadcast per input value.
 template <class V, int KW, int NR>
 inline void weight_grad_tile(const WeightGradArgs& a, int64_t o, const int64_t* roff,
                              const int64_t* rrow, const int64_t* dst) {
