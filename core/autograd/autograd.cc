@@ -21,6 +21,29 @@ void add_loop(T* d, const T* s, int64_t n) {
 #pragma omp parallel for simd if (n > (1 << 16))
   for (int64_t i = 0; i < n; ++i) d[i] += s[i];
 }
+
+template <typename T>
+void sum_loop(T* d, const T* a, const T* b, int64_t n) {
+#pragma omp parallel for simd if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) d[i] = a[i] + b[i];
+}
+
+// a + b in a new tensor where a may not be written (shared): one pass where a copy of a and
+// then an add would take two. The same sums as accumulate_into(a.clone(), b).
+Tensor sum_to_new(const Tensor& a, const Tensor& b) {
+  if (a.shape() == b.shape() && a.dtype() == b.dtype() && a.is_contiguous() &&
+      b.is_contiguous() && (a.dtype() == DType::kF32 || a.dtype() == DType::kF64)) {
+    Tensor out = Tensor::uninitialized(a.shape(), a.dtype());
+    if (a.dtype() == DType::kF32)
+      sum_loop(out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
+    else
+      sum_loop(out.data<double>(), a.data<double>(), b.data<double>(), a.numel());
+    return out;
+  }
+  Tensor out = a.clone();
+  accumulate_into(out, b);
+  return out;
+}
 }  // namespace
 
 bool grad_enabled() { return g_grad_enabled; }
@@ -118,9 +141,10 @@ void backward(const Tensor& root, const Tensor& grad_output, const LeafGradHook&
       auto [slot, inserted] = grads.try_emplace(in.impl().get(), gins[i]);
       if (!inserted) {
         if (slot->second.shares_storage(gins[i]) || slot->second.impl().use_count() > 1) {
-          slot->second = slot->second.clone();
+          slot->second = sum_to_new(slot->second, gins[i]);
+        } else {
+          accumulate_into(slot->second, gins[i]);
         }
-        accumulate_into(slot->second, gins[i]);
       }
     }
   }
