@@ -31,8 +31,8 @@ void sum_loop(T* d, const T* a, const T* b, int64_t n) {
 // a + b in a new tensor where a may not be written (shared): one pass where a copy of a and
 // then an add would take two. The same sums as accumulate_into(a.clone(), b).
 Tensor sum_to_new(const Tensor& a, const Tensor& b) {
-  if (a.shape() == b.shape() && a.dtype() == b.dtype() && a.is_contiguous() &&
-      b.is_contiguous() && (a.dtype() == DType::kF32 || a.dtype() == DType::kF64)) {
+  if (a.shape() == b.shape() && a.dtype() == b.dtype() && a.is_contiguous() && b.is_contiguous() &&
+      (a.dtype() == DType::kF32 || a.dtype() == DType::kF64)) {
     Tensor out = Tensor::uninitialized(a.shape(), a.dtype());
     if (a.dtype() == DType::kF32)
       sum_loop(out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
