@@ -335,21 +335,20 @@ void pointwise_images(int64_t images, int64_t hw, const float* src, int64_t in_c
     float* out = dst + img * out_ch * hw;
     if (main > 0)
       internal::correlate({in, hw, in_ch, &off, 1, wpk.data(), out_ch, out, hw, main, bias});
-    if (tail == 0) continue;
-    float* tin = scratch<float>(0, in_ch * kConvQuantum);
-    float* tout = scratch<float>(1, out_ch * kConvQuantum);
-    for (int64_t c = 0; c < in_ch; ++c)
-      for (int64_t t = 0; t < kConvQuantum; ++t)
-        tin[c * kConvQuantum + t] = t < tail ? in[c * hw + main + t] : 0.0f;
-    internal::correlate({tin, kConvQuantum, in_ch, &off, 1, wpk.data(), out_ch, tout, kConvQuantum,
-                         kConvQuantum, bias});
-    for (int64_t o = 0; o < out_ch; ++o)
-      for (int64_t t = 0; t < tail; ++t) out[o * hw + main + t] = tout[o * kConvQuantum + t];
+    if (tail > 0) {
+      float* tin = scratch<float>(0, in_ch * kConvQuantum);
+      float* tout = scratch<float>(1, out_ch * kConvQuantum);
+      for (int64_t c = 0; c < in_ch; ++c)
+        for (int64_t t = 0; t < kConvQuantum; ++t)
+          tin[c * kConvQuantum + t] = t < tail ? in[c * hw + main + t] : 0.0f;
+      internal::correlate({tin, kConvQuantum, in_ch, &off, 1, wpk.data(), out_ch, tout,
+                           kConvQuantum, kConvQuantum, bias});
+      for (int64_t o = 0; o < out_ch; ++o)
+        for (int64_t t = 0; t < tail; ++t) out[o * hw + main + t] = tout[o * kConvQuantum + t];
+    }
+    // The residual while the image's output is in cache.
+    if (res) add_run(res + img * out_ch * hw, out_ch * hw, out);
   }
-  // The image's output is still in cache where the caller's loop left it.
-#pragma omp parallel for schedule(static) if (res && images > 1)
-  for (int64_t img = 0; img < (res ? images : 0); ++img)
-    add_run(res + img * out_ch * hw, out_ch * hw, dst + img * out_ch * hw);
 }
 
 // out (b, co, ho, wo) = x (b, ci, h, w) correlated with w at g's stride, plus bias, plus res.
@@ -454,6 +453,9 @@ void bias_grad(const ConvGeom& g, const float* gy, float* gb) {
     }
 }
 
+// A source row of zeros for transposes (channels past co, images past the batch).
+constexpr float kZeros16[kConvQuantum] = {};
+
 // The pointer pairs of a batch of transposes, kept per thread across calls.
 struct TransposeBatch {
   std::vector<const float*> src;
@@ -489,7 +491,6 @@ void direct_weight_grad(const ConvGeom& g, const float* x, const float* gy, floa
   const int64_t x_plane = as_is ? g.h * g.w : f.plane;
   float* xs = as_is ? nullptr : scratch<float>(2, g.b * g.ci * f.plane);
   float* gt = scratch<float>(3, g.b * hwo * co_stride);
-  static constexpr float kZeros[kConvQuantum] = {};
   const int64_t whole = hwo / kConvQuantum * kConvQuantum;
 #pragma omp parallel for schedule(static) if (g.b > 1)
   for (int64_t img = 0; img < g.b; ++img) {
@@ -502,7 +503,7 @@ void direct_weight_grad(const ConvGeom& g, const float* x, const float* gy, floa
     for (int64_t o0 = 0; o0 < co_stride; o0 += kConvQuantum)
       for (int64_t p0 = 0; p0 < whole; p0 += kConvQuantum) {
         for (int64_t i = 0; i < kConvQuantum; ++i)
-          tb.src.push_back(o0 + i < g.co ? s + (o0 + i) * hwo + p0 : kZeros);
+          tb.src.push_back(o0 + i < g.co ? s + (o0 + i) * hwo + p0 : kZeros16);
         for (int64_t j = 0; j < kConvQuantum; ++j) tb.dst.push_back(t + (p0 + j) * co_stride + o0);
       }
     tb.run();
@@ -595,7 +596,6 @@ void over_groups(int64_t groups, F&& f) {
 // padding and zero lanes past b, for the groups of r.
 void to_lanes(const LanePlane& lp, const float* src, int64_t b, int64_t channels, float* dst,
               const GroupRange& r) {
-  static constexpr float kZeros[kLanes] = {};
   const int64_t groups = lane_groups(b), hw = lp.h * lp.w, whole = hw / kLanes * kLanes;
 #pragma omp parallel for collapse(2) \
     schedule(static) if (r.team && channels * (r.g1 - r.g0) * hw > (1 << 14))
@@ -616,7 +616,7 @@ void to_lanes(const LanePlane& lp, const float* src, int64_t b, int64_t channels
       }
       TransposeBatch& t = transpose_batch();
       for (int64_t p0 = 0; p0 < whole; p0 += kLanes) {
-        for (int64_t i = 0; i < kLanes; ++i) t.src.push_back(img[i] ? img[i] + p0 : kZeros);
+        for (int64_t i = 0; i < kLanes; ++i) t.src.push_back(img[i] ? img[i] + p0 : kZeros16);
         for (int64_t j = 0; j < kLanes; ++j) t.dst.push_back(d + lp.pos(p0 + j) * kLanes);
       }
       t.run();
@@ -834,6 +834,7 @@ std::vector<Tensor> direct_backward(const ConvGeom& g, const Tensor& x, const Te
   }
   return {gx, gw, gb};
 }
+
 ConvGeom geom_of(const Shape& x, const Shape& w, int64_t stride, int64_t padding) {
   ConvGeom g{x[0], x[1], x[2], x[3], w[0], w[2], w[3], stride, padding, 0, 0};
   g.ho = (g.h + 2 * padding - g.kh) / stride + 1;
@@ -859,8 +860,7 @@ std::vector<Tensor> conv_grads(const ConvGeom& g, const Tensor& dx, const Tensor
     T* pgw = gw.data<T>();
     for (int64_t n0 = 0; n0 < g.b; n0 += chunk) {
       const int64_t n = std::min(chunk, g.b - n0), cols = n * hwo;
-      // gout (co, n hwo): the chunk's output gradient in the GEMM's
-      // layout.
+      // gout (co, n hwo): the chunk's output gradient in the GEMM's layout.
       for (int64_t img = 0; img < n; ++img) {
         for (int64_t o = 0; o < g.co; ++o) {
           const T* src = pg + ((n0 + img) * g.co + o) * hwo;
@@ -883,8 +883,7 @@ std::vector<Tensor> conv_grads(const ConvGeom& g, const Tensor& dx, const Tensor
                 g.krows());
       }
       if (need_x) {
-        // gcol (krows, cols) = W^T (krows, co) x gout (co, cols), reusing
-        // `col`.
+        // gcol (krows, cols) = W^T (krows, co) x gout (co, cols), reusing `col`.
         gemm<T>(true, false, g.krows(), cols, g.co, T(1), pw, g.krows(), gout, cols, T(0), col,
                 cols);
         col2im_add<T>(g, col, n0, n, gx.data<T>());

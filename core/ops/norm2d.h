@@ -21,8 +21,8 @@ Tensor group_norm_silu(const Tensor& x, int64_t groups, const Tensor& weight, co
 
 // group_norm_silu(x + shift[:, :, None, None], ...) with shift (B, C) of x's dtype (the U-Net's
 // time embedding, one value per image and channel), without forming the sum: forward and
-// backward read x as group_norm_silu does, and the shift's gradient (B, C) is summed as the
-// input gradient is written.
+// backward read x as group_norm_silu does, and the shift's gradient (B, C) comes from the sums
+// the input gradient already takes.
 Tensor shifted_group_norm_silu(const Tensor& x, const Tensor& shift, int64_t groups,
                                const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 

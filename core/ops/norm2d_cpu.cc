@@ -252,8 +252,10 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
           const double* pm = mean_t.data<double>();
           const double* pr = rstd_t.data<double>();
           T* pgx = gx.data<T>();
-          // Per (image, channel): sum(g) and sum(g x_hat), the pieces of every gradient.
+          // Per (image, channel): sum(g) and sum(g x_hat), the pieces of every gradient, and under
+          // a shift sum(x).
           std::vector<double> sg(static_cast<size_t>(b * c)), sgx(static_cast<size_t>(b * c));
+          std::vector<double> sx(has_shift ? static_cast<size_t>(b * c) : 0);
 #pragma omp parallel for if (xc.numel() > (1 << 15))
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t c0 = (r % groups) * cg, img = r / groups;
@@ -277,7 +279,6 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
             // dx = rs (dxh - mean(dxh) - x_hat mean(dxh x_hat)), dxh = g w. Under a shift, also
             // each channel's sum of x (for its shift's gradient below).
             double mean_d = 0, mean_dx = 0;
-            double xsum[64];  // per channel of the group, under a shift
             for (int64_t ch = 0; ch < cg; ++ch) {
               const T* gch = grow + ch * hw;
               const T* xch = row + ch * hw;
@@ -288,14 +289,15 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
                     ps ? dsum_gx<true>(hw, gch, xch, mc) : dsum_gx<false>(hw, gch, xch, mc);
                 s1 = rsum.g;
                 s2 = rs * rsum.gx;
-                if (ps && ch < 64) xsum[ch] = rsum.x;
+                if (ps) sx[static_cast<size_t>(img * c + c0 + ch)] = rsum.x;
               } else {
                 s1 = dsum(hw, [gch](int64_t p) { return static_cast<double>(gch[p]); });
                 s2 = rs * dsum(hw, [gch, xch, mc](int64_t p) {
                        return static_cast<double>(gch[p]) * (static_cast<double>(xch[p]) - mc);
                      });
-                if (ps && ch < 64)
-                  xsum[ch] = dsum(hw, [xch](int64_t p) { return static_cast<double>(xch[p]); });
+                if (ps)
+                  sx[static_cast<size_t>(img * c + c0 + ch)] =
+                      dsum(hw, [xch](int64_t p) { return static_cast<double>(xch[p]); });
               }
               sg[static_cast<size_t>(img * c + c0 + ch)] = s1;
               sgx[static_cast<size_t>(img * c + c0 + ch)] = s2;
@@ -316,12 +318,9 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
               const T* gsrc = grow + ch * hw;
               const T* xsrc = row + ch * hw;
               if (pgs) {
-                const double sx =
-                    ch < 64 ? xsum[ch]
-                            : dsum(hw, [xsrc](int64_t p) { return static_cast<double>(xsrc[p]); });
+                const auto k = static_cast<size_t>(img * c + c0 + ch);
                 pgs[img * c + c0 + ch] =
-                    static_cast<T>(ad * sg[static_cast<size_t>(img * c + c0 + ch)] + bd * sx +
-                                   static_cast<double>(hw) * cd);
+                    static_cast<T>(ad * sg[k] + bd * sx[k] + static_cast<double>(hw) * cd);
               }
               T* gdst = gxrow + ch * hw;
               for (int64_t p = 0; p < hw; ++p) gdst[p] = a * gsrc[p] + bx * xsrc[p] + cc;
