@@ -25,6 +25,7 @@
 #include "core/secagg/noise.h"
 #include "core/secagg/protocol.h"
 #include "core/util/rng.h"
+#include "core/wire/chunk_frame.h"
 #include "edge_client/transfer.h"
 
 namespace starling::aggregator {
@@ -80,10 +81,11 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     bool registered = false;
     bool selected = false;
     bool submitted = false;
-    std::optional<net::ChunkReceiver> rx;
-    // Where rx's bytes go: memory (reserved from the shared budget) or a spill file.
+    // Where rx's bytes go: memory (reserved from the shared budget) or a spill file. Declared
+    // before rx, so destroyed after it: rx's hashing thread may be reading the spill file.
     std::unique_ptr<MemoryReservation> reserved;
     std::unique_ptr<SpillFile> spill;
+    std::optional<net::ChunkReceiver> rx;
     v1::UpdateUpload upload;
     uint64_t base_version = 0;  // of the model it was sent
     float weight = 0.0f;        // of its upload: examples; 1 under DP; FedBuff: 1/sqrt(1 + s)
@@ -257,6 +259,13 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     sessions[id].id = id;
     sessions[id].conn = conn;
     auto weak = weak_from_this();
+    // Chunks arrive as views into the receive buffer: no protobuf copy of their data.
+    conn->set_chunk_handler([weak, id](const wire::ChunkView& c) {
+      auto self = weak.lock();
+      if (!self) return;
+      const auto it = self->sessions.find(id);
+      if (it != self->sessions.end() && it->second.registered) self->on_chunk(it->second, c);
+    });
     conn->start(
         [weak, id](v1::Envelope e) {
           if (auto self = weak.lock()) self->on_message(id, std::move(e));
@@ -310,8 +319,8 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     switch (e.body_case()) {
       case v1::Envelope::kUpdateUpload:
         return on_upload(s, e.update_upload());
-      case v1::Envelope::kChunk:
-        return on_chunk(s, e.chunk());
+      case v1::Envelope::kChunk:  // normally taken by the chunk handler
+        return on_chunk(s, wire::view_of(e.chunk()));
       case v1::Envelope::kChunkAck:
         if (s.pump && e.chunk_ack().transfer_id() == s.pump->header().transfer_id() &&
             !e.chunk_ack().complete()) {
@@ -1078,15 +1087,27 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
     s.reserved = MemoryReservation::take(&upload_memory_used, options.upload_memory_bytes,
                                          u.transfer().total_bytes());
     Result<net::ChunkReceiver> rx = unavailable("no receiver");
+    // A large upload's SHA-256 runs on a helper thread of its own, off the I/O thread that
+    // decrypts every connection's records: concurrent uploads hash on several cores.
+    const auto hashing = u.transfer().total_bytes() >= options.background_hash_bytes
+                             ? net::ChunkReceiver::Hashing::kBackground
+                             : net::ChunkReceiver::Hashing::kInline;
     if (s.reserved || u.transfer().total_bytes() > limit) {
-      rx = net::ChunkReceiver::create_buffered(u.transfer(), limit);
+      rx = net::ChunkReceiver::create_buffered(u.transfer(), limit, hashing);
     } else {
       auto spill = SpillFile::create(spill_dir());
       if (!spill.ok()) return reject_update(s, spill.status());
       s.spill = std::move(*spill);
       rx = net::ChunkReceiver::create(
-          u.transfer(), limit, [file = s.spill.get()](uint64_t offset, std::string_view data) {
+          u.transfer(), limit,
+          [file = s.spill.get()](uint64_t offset, std::string_view data) {
             return file->write(offset, data);
+          },
+          hashing,
+          // The helper thread hashes the spill file behind the writes (from the page cache):
+          // nothing is copied for it and nothing waits for it in this process's memory.
+          [file = s.spill.get()](uint64_t offset, std::span<char> out) {
+            return file->read_at(offset, out);
           });
     }
     if (!rx.ok()) return reject_update(s, rx.status());
@@ -1147,18 +1168,18 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
                             std::to_string(options.max_staleness) + ")");
   }
 
-  void on_chunk(Session& s, const v1::Chunk& c) {
-    if (!s.rx || c.transfer_id() != s.upload.transfer().transfer_id()) return;  // stale
+  void on_chunk(Session& s, const wire::ChunkView& c) {
+    if (!s.rx || c.transfer_id != s.upload.transfer().transfer_id()) return;  // stale
     // Chunks wait for the grant: a client streaming before its turn would void the bound on
     // the receive buffers that the turns give.
     if (!s.upload_granted) {
-      return reject_update(s, invalid_argument("chunk " + std::to_string(c.index()) +
+      return reject_update(s, invalid_argument("chunk " + std::to_string(c.index) +
                                                " sent before the upload was granted its turn"));
     }
     s.last_progress = Clock::now();
-    if (bytes_in == 0 && c.index() == 0) crash_point("collecting");
+    if (bytes_in == 0 && c.index == 0) crash_point("collecting");
     const Status st = s.rx->accept(c);
-    if (options.monitor) options.monitor->bytes_received(c.data().size());
+    if (options.monitor) options.monitor->bytes_received(c.data.size());
     if (st.code() == StatusCode::kDataLoss) {
       v1::Envelope ack;
       *ack.mutable_chunk_ack() = s.rx->ack();

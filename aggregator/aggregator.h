@@ -127,6 +127,10 @@ struct AggregatorOptions {
   // upload (a ChunkAck from index 0); the others wait their turn in arrival order, so a round
   // where thousands of clients finish together holds this many chunk frames, not thousands.
   uint32_t upload_concurrency = 32;
+  // Uploads of at least this many bytes check their SHA-256 on a helper thread each, off the
+  // I/O thread that decrypts every connection's records, so that concurrent uploads hash on
+  // several cores (smaller ones hash inline: a thread per tiny upload costs more than it saves).
+  uint64_t background_hash_bytes = 4u << 20;
   // A granted upload that sends no chunk for this long is rejected and its turn goes to the
   // next one (a client that stalls or vanishes mid-upload cannot hold a turn for the
   // connection's idle timeout). Chunks sent before the grant reject the upload.

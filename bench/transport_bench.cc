@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -136,12 +137,15 @@ struct BenchServer {
 
   void on_chunk(const std::shared_ptr<net::Connection>& c, const starling::wire::ChunkView& chunk) {
     if (!c) return;
-    if (!receiver) die(starling::failed_precondition("chunk before header"));
-    if (Status s = receiver->accept(chunk); !s.ok()) die(s);
-    if (!receiver->all_received()) return;
-    if (Status s = receiver->finish(); !s.ok()) die(s);
+    const auto it = receivers.find(c.get());
+    if (it == receivers.end()) die(starling::failed_precondition("chunk before header"));
+    net::ChunkReceiver& receiver = it->second;
+    if (Status s = receiver.accept(chunk); !s.ok()) die(s);
+    if (!receiver.all_received()) return;
+    if (Status s = receiver.finish(); !s.ok()) die(s);
     v1::Envelope reply;
-    *reply.mutable_chunk_ack() = receiver->ack();
+    *reply.mutable_chunk_ack() = receiver.ack();
+    receivers.erase(it);
     if (Status s = c->send(reply); !s.ok()) die(s);
   }
 
@@ -149,9 +153,10 @@ struct BenchServer {
     if (!c) return;
     v1::Envelope reply;
     if (e.has_update_upload()) {
-      receiver.emplace(must(net::ChunkReceiver::create(
-          e.update_upload().transfer(), uint64_t{1} << 40,
-          [](uint64_t, std::string_view) { return starling::ok_status(); }, hashing)));
+      receivers.insert_or_assign(
+          c.get(), must(net::ChunkReceiver::create(
+                       e.update_upload().transfer(), uint64_t{1} << 40,
+                       [](uint64_t, std::string_view) { return starling::ok_status(); }, hashing)));
       return;
     }
     if (e.has_chunk()) {
@@ -169,13 +174,44 @@ struct BenchServer {
   asio::io_context io;
   std::unique_ptr<net::Server> server;
   std::vector<std::shared_ptr<net::Connection>> held;
-  std::optional<net::ChunkReceiver> receiver;
+  std::map<const net::Connection*, net::ChunkReceiver> receivers;  // transfers in progress
   const net::ChunkReceiver::Hashing hashing;
   std::atomic<int> connections{0};
   std::atomic<bool> stop{false};
   uint16_t port = 0;
   std::thread thread;
 };
+
+// Streams the sender's payload over `conn` (started, with its replies landing in *reply) and
+// runs `io` until the server acknowledges the whole transfer. The sender hashed the payload
+// when it was made, before this (as a client does before its upload turn).
+void stream_payload(asio::io_context& io, net::Connection& conn, std::optional<v1::Envelope>* reply,
+                    const net::ChunkSender& sender, size_t max_queue_bytes, bool protobuf_chunks) {
+  uint64_t next = 0;
+  auto pump = [&] {
+    while (next < sender.num_chunks() && conn.queued_bytes() < max_queue_bytes / 2) {
+      if (protobuf_chunks) {
+        v1::Envelope e;
+        *e.mutable_chunk() = must(sender.chunk(next));
+        if (Status s = conn.send(e); !s.ok()) die(s);
+      } else if (Status s = conn.send_chunk(must(sender.chunk_view(next))); !s.ok()) {
+        die(s);
+      }
+      ++next;
+    }
+  };
+  conn.set_drain_handler(pump);
+  reply->reset();
+  v1::Envelope head;
+  *head.mutable_update_upload()->mutable_transfer() = sender.header();
+  if (Status s = conn.send(head); !s.ok()) die(s);
+  pump();
+  run_until(io, [&] { return reply->has_value(); });
+  conn.set_drain_handler(nullptr);
+  if (!(*reply)->has_chunk_ack() || !(*reply)->chunk_ack().complete()) {
+    die(starling::data_loss("transfer not acknowledged as complete"));
+  }
+}
 
 }  // namespace
 
@@ -195,6 +231,12 @@ int main(int argc, char** argv) {
                  "Receiver hashes SHA-256 on a helper thread (false: on the I/O thread)")
       ->capture_default_str();
   bool protobuf_chunks = false;
+  int streams = 2;
+  app.add_option("--streams", streams,
+                 "Concurrent uploads, each from its own client thread, into the one server "
+                 "thread (1: skip)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   app.add_flag("--protobuf-chunks", protobuf_chunks,
                "Chunks as v1::Envelope through send() and the message handler (copies), not "
                "send_chunk() and a chunk handler");
@@ -252,33 +294,12 @@ int main(int argc, char** argv) {
   std::optional<v1::Envelope> reply;
   conn->start([&](v1::Envelope e) { reply = std::move(e); }, [](const Status&) {});
   const net::ChunkSender sender(1, payload, chunk_kib * 1024, "bench/bytes");
-  uint64_t next = 0;
-  auto pump = [&] {
-    while (next < sender.num_chunks() && conn->queued_bytes() < co.connection.max_queue_bytes / 2) {
-      if (protobuf_chunks) {
-        v1::Envelope e;
-        *e.mutable_chunk() = must(sender.chunk(next));
-        if (Status s = conn->send(e); !s.ok()) die(s);
-      } else if (Status s = conn->send_chunk(must(sender.chunk_view(next))); !s.ok()) {
-        die(s);
-      }
-      ++next;
-    }
-  };
-  conn->set_drain_handler(pump);
   const auto t0 = Clock::now();
   const double cpu0 = cpu_seconds();
   const double sender0 = thread_cpu_seconds(pthread_self());
   const double receiver0 = thread_cpu_seconds(server.thread.native_handle());
-  v1::Envelope head;
-  *head.mutable_update_upload()->mutable_transfer() = sender.header();
-  if (Status s = conn->send(head); !s.ok()) die(s);
-  pump();
-  run_until(io, [&] { return reply.has_value(); });
+  stream_payload(io, *conn, &reply, sender, co.connection.max_queue_bytes, protobuf_chunks);
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (!reply->has_chunk_ack() || !reply->chunk_ack().complete()) {
-    die(starling::data_loss("transfer not acknowledged as complete"));
-  }
   const double mbs = static_cast<double>(payload.size()) / 1e6 / seconds;
   // On a shared machine wall time includes waiting for a core; CPU time does not.
   const double cpu_s = cpu_seconds() - cpu0;
@@ -290,6 +311,41 @@ int main(int argc, char** argv) {
   const double other_s = std::max(0.0, cpu_s - sender_s - receiver_s);
   const double bound_mbs =
       static_cast<double>(payload.size()) / 1e6 / std::max({sender_s, receiver_s, other_s, 1e-9});
+
+  // 1b. Concurrent uploads: each client on its own thread and connection, all into the one
+  // server thread (as the aggregator's), each hashing on its receiver's helper thread.
+  double concurrent_mbs = 0;
+  if (streams > 1) {
+    std::vector<std::thread> clients;
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    for (int i = 0; i < streams; ++i) {
+      clients.emplace_back([&, i] {
+        asio::io_context cio;
+        std::optional<starling::Result<std::shared_ptr<net::Connection>>> r;
+        net::connect(
+            cio, client_ctx, co,
+            [&](starling::Result<std::shared_ptr<net::Connection>> x) { r.emplace(std::move(x)); });
+        run_until(cio, [&] { return r.has_value(); });
+        auto c = must(std::move(*r));
+        std::optional<v1::Envelope> got;
+        c->start([&](v1::Envelope e) { got = std::move(e); }, [](const Status&) {});
+        const net::ChunkSender mine(100 + static_cast<uint64_t>(i), payload, chunk_kib * 1024,
+                                    "bench/bytes");
+        ++ready;
+        while (!go.load()) std::this_thread::yield();
+        stream_payload(cio, *c, &got, mine, co.connection.max_queue_bytes, protobuf_chunks);
+        c->close();
+        run_until(cio, [&] { return !c->is_open(); });
+      });
+    }
+    while (ready.load() < streams) std::this_thread::yield();
+    const auto c0 = Clock::now();
+    go = true;
+    for (auto& t : clients) t.join();
+    const double s_all = std::chrono::duration<double>(Clock::now() - c0).count();
+    concurrent_mbs = static_cast<double>(payload.size()) * streams / 1e6 / s_all;
+  }
 
   // 2. Round-trip latency of a small message.
   std::vector<double> rtt_us;
@@ -335,11 +391,13 @@ int main(int argc, char** argv) {
       "\"cpu_s_other\": %.3f, \"busiest_thread_bound_mb_s\": %.1f, "
       "\"openssl_aes256gcm_mb_s\": "
       "%.1f, \"sha256_mb_s\": %.1f, "
+      "\"streams\": %d, \"concurrent_mb_s\": %.1f, "
       "\"rtt_us_p50\": %.1f, \"rtt_us_p99\": %.1f, \"connections\": %d, "
       "\"idle_kib_per_connection\": %.1f}\n",
       static_cast<long long>(mb), chunk_kib, protobuf_chunks ? "true" : "false",
       background_hash ? "true" : "false", mbs, mb_per_cpu_s, sender_s, receiver_s, other_s,
-      bound_mbs, ceiling.value_or(0.0), sha_mbs, pct(0.5), pct(0.99), connections, per_conn_kib);
+      bound_mbs, ceiling.value_or(0.0), sha_mbs, streams, concurrent_mbs, pct(0.5), pct(0.99),
+      connections, per_conn_kib);
   std::printf(
       "stream %lld MB over TLS 1.3 loopback: %.0f MB/s, %.0f MB per CPU-second of sender and "
       "receiver together (openssl speed aes-256-gcm, one core: %.0f MB/s; SHA-256 of the whole "
@@ -349,6 +407,12 @@ int main(int argc, char** argv) {
       "CPU seconds: sender %.2f, receiver I/O %.2f, other (receiver hashing) %.2f; with a core "
       "for each, the busiest allows %.0f MB/s\n",
       sender_s, receiver_s, other_s, bound_mbs);
+  if (streams > 1) {
+    std::printf(
+        "%d concurrent streams (a client thread each, one server thread, %u cores here): "
+        "%.0f MB/s together, %.2fx one stream\n",
+        streams, std::thread::hardware_concurrency(), concurrent_mbs, concurrent_mbs / mbs);
+  }
   std::printf("small-message round trip: p50 %.0f us, p99 %.0f us over %d pings\n", pct(0.5),
               pct(0.99), pings);
   if (connections > 0) {

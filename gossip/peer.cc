@@ -418,7 +418,12 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
         if (!g.has_transfer()) return on_exchange(*link, g, std::nullopt);
         // Our messages are at most one encoded model (a dense one is 4 bytes an element).
         const uint64_t limit = static_cast<uint64_t>(numel) * 8 + (1u << 20);
-        auto rx = net::ChunkReceiver::create_buffered(g.transfer(), limit);
+        // A large model hashes on a helper thread (in place), so that transfers from several
+        // neighbours at once hash on several cores rather than on this I/O thread.
+        auto rx = net::ChunkReceiver::create_buffered(g.transfer(), limit,
+                                                      g.transfer().total_bytes() >= (4u << 20)
+                                                          ? net::ChunkReceiver::Hashing::kBackground
+                                                          : net::ChunkReceiver::Hashing::kInline);
         if (!rx.ok()) return drop(link, rx.status());
         link->rx.emplace(std::move(*rx));
         link->rx_meta = g;

@@ -95,11 +95,19 @@ Result<v1::Chunk> ChunkSender::chunk(uint64_t index) const {
   return c;
 }
 
-// SHA-256 on a helper thread: update() copies the bytes into a recycled buffer and returns;
-// finish() waits for the queue to drain.
+// SHA-256 on a helper thread, fed in one of three ways:
+// - update() copies the bytes into a recycled buffer and returns (at most kMaxPending copied
+//   bytes wait: beyond that it blocks until the helper catches up);
+// - update_borrowed() queues a view of bytes that stay put (a buffered receiver's payload, kept
+//   alive by `owner`): nothing is copied;
+// - update_stored() says the sink has stored the payload up to `end`, and the helper reads it
+//   back (a spill file, from the page cache) a piece at a time: the I/O thread neither copies
+//   nor waits, and what is not hashed yet costs no memory of this process.
+// finish() waits until everything given is hashed.
 class ChunkReceiver::BackgroundHash {
  public:
-  BackgroundHash() : thread_([this] { run(); }) {}
+  explicit BackgroundHash(ReadBack read_back)
+      : read_back_(std::move(read_back)), thread_([this] { run(); }) {}
   ~BackgroundHash() {
     {
       std::lock_guard lock(mu_);
@@ -111,54 +119,107 @@ class ChunkReceiver::BackgroundHash {
   BackgroundHash(const BackgroundHash&) = delete;
   BackgroundHash& operator=(const BackgroundHash&) = delete;
 
+  bool reads_back() const { return static_cast<bool>(read_back_); }
+
   void update(std::string_view data) {
     std::unique_lock lock(mu_);
     cv_.wait(lock,
              [&] { return pending_bytes_ == 0 || pending_bytes_ + data.size() <= kMaxPending; });
-    std::string buf;
+    Item item;
     if (!free_.empty()) {
-      buf = std::move(free_.back());
+      item.copy = std::move(free_.back());
       free_.pop_back();
     }
     pending_bytes_ += data.size();
     lock.unlock();
-    buf.assign(data);  // the copy runs outside the lock
+    item.copy.assign(data);  // the copy runs outside the lock
+    item.copied = true;
     lock.lock();
-    pending_.push_back(std::move(buf));
+    pending_.push_back(std::move(item));
     cv_.notify_all();
   }
 
-  std::string finish() {
+  void update_borrowed(std::string_view data, std::shared_ptr<const void> owner) {
+    Item item;
+    item.view = data;
+    item.owner = std::move(owner);
+    std::lock_guard lock(mu_);
+    pending_.push_back(std::move(item));
+    cv_.notify_all();
+  }
+
+  void update_stored(uint64_t end) {
+    std::lock_guard lock(mu_);
+    stored_ = end;
+    cv_.notify_all();
+  }
+
+  Result<std::string> finish() {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return pending_bytes_ == 0; });
+    cv_.wait(lock, [&] { return pending_.empty() && !busy_ && hashed_ == stored_; });
+    if (!read_error_.ok()) return read_error_;
     return sha_.finish();  // the worker is idle: nothing is pending
   }
 
  private:
   static constexpr size_t kMaxPending = 8u << 20;
   static constexpr size_t kMaxFree = 4;
+  static constexpr size_t kReadBackBytes = 1u << 20;
+
+  struct Item {
+    bool copied = false;
+    std::string copy;                   // the bytes, when copied
+    std::string_view view;              // the bytes, when borrowed
+    std::shared_ptr<const void> owner;  // keeps borrowed bytes alive
+    std::string_view bytes() const { return copied ? std::string_view(copy) : view; }
+  };
 
   void run() {
     std::unique_lock lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+      cv_.wait(lock, [&] { return stop_ || !pending_.empty() || hashed_ < stored_; });
       if (stop_) return;
-      std::string buf = std::move(pending_.front());
+      if (hashed_ < stored_) {
+        const uint64_t at = hashed_;
+        const auto n = static_cast<size_t>(std::min<uint64_t>(kReadBackBytes, stored_ - at));
+        busy_ = true;
+        lock.unlock();
+        if (scratch_.size() < n) scratch_.resize(kReadBackBytes);
+        Status st =
+            read_error_.ok() ? read_back_(at, std::span<char>(scratch_.data(), n)) : ok_status();
+        if (st.ok() && read_error_.ok()) sha_.update(std::string_view(scratch_.data(), n));
+        lock.lock();
+        if (!st.ok()) read_error_ = st.with_context("reading back bytes to hash");
+        hashed_ = at + n;
+        busy_ = false;
+        cv_.notify_all();
+        continue;
+      }
+      Item item = std::move(pending_.front());
       pending_.pop_front();
+      busy_ = true;
       lock.unlock();
-      sha_.update(buf);
+      sha_.update(item.bytes());
+      item.owner.reset();
       lock.lock();
-      pending_bytes_ -= buf.size();
-      if (free_.size() < kMaxFree) free_.push_back(std::move(buf));
+      busy_ = false;
+      pending_bytes_ -= item.copy.size();
+      if (!item.copy.empty() && free_.size() < kMaxFree) free_.push_back(std::move(item.copy));
       cv_.notify_all();
     }
   }
 
+  const ReadBack read_back_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::string> pending_;
+  std::deque<Item> pending_;
   std::vector<std::string> free_;
-  size_t pending_bytes_ = 0;  // queued or being hashed
+  size_t pending_bytes_ = 0;  // copied bytes queued or being hashed
+  uint64_t stored_ = 0;       // update_stored(): the sink holds the payload up to here
+  uint64_t hashed_ = 0;       // ... and the helper has hashed it up to here
+  std::string scratch_;       // pieces read back
+  Status read_error_;
+  bool busy_ = false;  // the worker is hashing something it took off the queue
   bool stop_ = false;
   Sha256 sha_;
   std::thread thread_;  // last: starts once the members above exist
@@ -171,7 +232,8 @@ ChunkReceiver::ChunkReceiver(ChunkReceiver&&) noexcept = default;
 ChunkReceiver& ChunkReceiver::operator=(ChunkReceiver&&) noexcept = default;
 
 Result<ChunkReceiver> ChunkReceiver::create(const v1::TransferHeader& header,
-                                            uint64_t max_total_bytes, Sink sink, Hashing hashing) {
+                                            uint64_t max_total_bytes, Sink sink, Hashing hashing,
+                                            ReadBack read_back) {
   const std::string id = "transfer " + std::to_string(header.transfer_id());
   if (header.total_bytes() > max_total_bytes) {
     return resource_exhausted(id + " of " + std::to_string(header.total_bytes()) +
@@ -184,7 +246,9 @@ Result<ChunkReceiver> ChunkReceiver::create(const v1::TransferHeader& header,
   }
   if (header.sha256().size() != 32) return invalid_argument(id + ": SHA-256 must be 32 bytes");
   ChunkReceiver r(header, std::move(sink));
-  if (hashing == Hashing::kBackground) r.background_ = std::make_unique<BackgroundHash>();
+  if (hashing == Hashing::kBackground) {
+    r.background_ = std::make_unique<BackgroundHash>(std::move(read_back));
+  }
   return r;
 }
 
@@ -200,6 +264,7 @@ Result<ChunkReceiver> ChunkReceiver::create_buffered(const v1::TransferHeader& h
                                         hashing));
   buffer->reserve(header.total_bytes());
   r.buffer_ = buffer;
+  r.buffer_base_ = buffer->data();
   return r;
 }
 
@@ -227,7 +292,14 @@ Status ChunkReceiver::accept(const wire::ChunkView& chunk) {
   }
   if (wire::crc32c(chunk.data) != chunk.crc32c) return data_loss(id() + " fails its CRC32C");
   RETURN_IF_ERROR(sink_(offset, chunk.data), id());
-  if (background_) {
+  if (background_ && buffer_) {
+    // The buffer was reserved whole, so appending never moves what the helper still reads.
+    if (buffer_->data() != buffer_base_) return internal_error(id() + ": the receive buffer moved");
+    background_->update_borrowed(std::string_view(buffer_->data() + offset, chunk.data.size()),
+                                 buffer_);
+  } else if (background_ && background_->reads_back()) {
+    background_->update_stored(offset + chunk.data.size());
+  } else if (background_) {
     background_->update(chunk.data);
   } else {
     sha_.update(chunk.data);
@@ -251,7 +323,12 @@ Status ChunkReceiver::finish() {
     return failed_precondition(id + ": " + std::to_string(next_index_) + " of " +
                                std::to_string(header_.num_chunks()) + " chunks received");
   }
-  const std::string digest = background_ ? background_->finish() : sha_.finish();
+  std::string digest;
+  if (background_) {
+    ASSIGN_OR_RETURN(digest, background_->finish(), id);
+  } else {
+    digest = sha_.finish();
+  }
   if (digest != header_.sha256()) return data_loss(id + ": SHA-256 of the payload differs");
   finished_ = true;
   return ok_status();

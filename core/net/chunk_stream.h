@@ -88,14 +88,21 @@ class ChunkSender {
 class ChunkReceiver {
  public:
   using Sink = std::function<Status(uint64_t offset, std::string_view data)>;
-  // Where the whole-payload SHA-256 runs. kBackground copies each accepted chunk to a helper
-  // thread owned by the receiver, so hashing (the largest cost of receiving) overlaps with
-  // decrypting the next chunks on the I/O thread; at most 8 MiB wait for it.
+  // Reads back bytes [offset, offset + out.size()) that the sink has stored.
+  using ReadBack = std::function<Status(uint64_t offset, std::span<char> out)>;
+  // Where the whole-payload SHA-256 runs. kBackground hashes on a helper thread owned by the
+  // receiver, so hashing (the largest cost of receiving) overlaps with decrypting the next
+  // chunks on the I/O thread, and several receivers hash on several cores. The helper hashes a
+  // buffered receiver's payload in place; with a read_back it reads what the sink stored (a
+  // spill file); otherwise each chunk is copied for it (at most 8 MiB wait: accept() blocks
+  // beyond that).
   enum class Hashing { kInline, kBackground };
 
   // Validates an untrusted header: sizes consistent, below max_total_bytes, 32-byte digest.
+  // read_back is used with kBackground only.
   static Result<ChunkReceiver> create(const v1::TransferHeader& header, uint64_t max_total_bytes,
-                                      Sink sink, Hashing hashing = Hashing::kInline);
+                                      Sink sink, Hashing hashing = Hashing::kInline,
+                                      ReadBack read_back = {});
   // A receiver that collects the payload in memory; see take_payload().
   static Result<ChunkReceiver> create_buffered(const v1::TransferHeader& header,
                                                uint64_t max_total_bytes,
@@ -127,6 +134,7 @@ class ChunkReceiver {
   v1::TransferHeader header_;
   Sink sink_;
   std::shared_ptr<std::string> buffer_;
+  const char* buffer_base_ = nullptr;  // buffer_->data() once reserved
   Sha256 sha_;
   std::unique_ptr<BackgroundHash> background_;  // set for Hashing::kBackground
   uint64_t next_index_ = 0;

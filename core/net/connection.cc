@@ -44,8 +44,11 @@ void Connection::start(MessageHandler on_message, CloseHandler on_close) {
 
 namespace {
 
-// One TLS record: the most one read from the TLS stream returns.
+// What one read within a frame asks for: at least a TLS record, at most what remains of the
+// frame up to kMaxReadBytes (a read returns the records that have arrived, so a large frame
+// comes in a few reads rather than one per 16 KiB record).
 constexpr size_t kReadBytes = 16 * 1024;
+constexpr size_t kMaxReadBytes = 256 * 1024;
 // Written frames kept per connection for reuse (none larger than the frame limit).
 constexpr size_t kMaxSpareFrames = 4;
 // A direction (reads, writes) quiet for this long frees its frame buffers.
@@ -67,7 +70,8 @@ void Connection::do_read() {
   }
   // Within a frame: straight into the frame decoder's buffer, no copy between TLS and framing.
   reading_idle_ = false;
-  const std::span<char> room = decoder_.prepare(kReadBytes);
+  const std::span<char> room =
+      decoder_.prepare(std::clamp(decoder_.frame_missing(), kReadBytes, kMaxReadBytes));
   stream_->async_read_some(
       asio::buffer(room.data(), room.size()),
       [self = shared_from_this()](const asio::error_code& ec, size_t n) { self->on_read(ec, n); });
@@ -215,10 +219,13 @@ void Connection::wait_read_deadline() {
     }
     const bool mid = self->frame_in_progress_;
     const auto limit = mid ? self->options_.deadlines.frame : self->options_.deadlines.idle;
-    // Bytes waiting on the socket: the peer spoke, and this thread was busy (a client trains
-    // on its I/O thread) and has not read them yet. Not idle; look again a deadline from now.
+    // Bytes waiting on the socket, or read from it and not yet handed over: the peer spoke,
+    // and this thread was busy (a client trains on its I/O thread) and has not taken them
+    // yet. Not idle; look again a deadline from now.
     asio::error_code avail_ec;
-    if (!mid && self->stream_->lowest_layer().available(avail_ec) > 0 && !avail_ec) {
+    const bool spoke = self->stream_->read_in_hand() ||
+                       (self->stream_->lowest_layer().available(avail_ec) > 0 && !avail_ec);
+    if (!mid && spoke) {
       self->read_deadline_ = Clock::now() + limit;
       self->read_timer_.expires_at(self->read_deadline_);
       return self->wait_read_deadline();

@@ -94,6 +94,27 @@ asio::error_code TlsStream::attach(asio::ssl::stream_base::handshake_type type) 
   return {};
 }
 
+int TlsStream::read_available(char* data, int n) {
+  int total = 0;
+  while (total < n) {
+    const int r = SSL_read(ssl_, data + total, n - total);
+    if (r > 0) {
+      total += r;
+      read_in_hand_ = true;
+      continue;
+    }
+    if (total == 0) return r;  // run() looks at the error (or waits for the socket)
+    const int saved_errno = errno;
+    const int err = SSL_get_error(ssl_, r);
+    if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) {
+      read_error_ = error_for(err, saved_errno);
+    }
+    ERR_clear_error();
+    break;
+  }
+  return total;
+}
+
 asio::error_code TlsStream::error_for(int ssl_error, int saved_errno) {
   switch (ssl_error) {
     case SSL_ERROR_ZERO_RETURN:

@@ -61,17 +61,30 @@ class TlsStream {
         });
   }
 
-  // handler(const asio::error_code&, size_t): reads what one record yields (up to the
-  // buffer's size). EOF after the peer's close_notify is asio::error::eof; a close without
-  // it is asio::ssl::error::stream_truncated.
+  // handler(const asio::error_code&, size_t): reads the records that have arrived, up to the
+  // buffer's size (at least one byte: it waits for the first record). EOF after the peer's
+  // close_notify is asio::error::eof; a close without it is asio::ssl::error::stream_truncated.
+  // An error met after some bytes were read is reported by the next read.
   template <typename MutableBufferSequence, typename Handler>
   void async_read_some(const MutableBufferSequence& buffers, Handler&& handler) {
     const asio::mutable_buffer b =
         first_buffer(asio::buffer_sequence_begin(buffers), asio::buffer_sequence_end(buffers));
     if (b.size() == 0) return post_done(std::forward<Handler>(handler), asio::error_code(), 0);
-    run([ssl = ssl_, data = b.data(), n = clamp(b.size())] { return SSL_read(ssl, data, n); },
-        std::forward<Handler>(handler));
+    if (read_error_) {
+      return post_done(std::forward<Handler>(handler), std::exchange(read_error_, {}), 0);
+    }
+    run([this, data = static_cast<char*>(b.data()),
+         n = clamp(b.size())] { return read_available(data, n); },
+        [this, h = std::forward<Handler>(handler)](const asio::error_code& ec, size_t n) mutable {
+          read_in_hand_ = false;
+          h(ec, n);
+        });
   }
+
+  // True while bytes have been read from the socket that the reader has not been handed yet
+  // (its completion is queued, or OpenSSL holds decrypted bytes): the peer has spoken even if
+  // the socket is empty, which an idle deadline must not mistake for silence.
+  bool read_in_hand() const { return read_in_hand_ || SSL_pending(ssl_) > 0; }
 
   // handler(const asio::error_code&, size_t): writes the first non-empty buffer whole (so
   // asio::async_write works over this stream, one SSL_write per buffer).
@@ -103,6 +116,10 @@ class TlsStream {
   asio::error_code attach(asio::ssl::stream_base::handshake_type type);
   // What a failed OpenSSL call stands for: its SSL_get_error() code, errno right after it.
   static asio::error_code error_for(int ssl_error, int saved_errno);
+  // SSL_read until `n` bytes or until OpenSSL would wait for the socket: one completion per
+  // burst of records, not per 16 KiB record. Returns what SSL_read would for the first record;
+  // after some bytes, a failure is kept in read_error_ and the bytes are returned.
+  int read_available(char* data, int n);
 
   static int clamp(size_t n) { return n > INT_MAX ? INT_MAX : static_cast<int>(n); }
 
@@ -146,6 +163,8 @@ class TlsStream {
 
   asio::ip::tcp::socket socket_;
   SSL* ssl_ = nullptr;
+  asio::error_code read_error_;  // met by read_available() after it had read some bytes
+  bool read_in_hand_ = false;    // a read's bytes wait in its queued completion
 };
 
 }  // namespace starling::net

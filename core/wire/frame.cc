@@ -92,6 +92,12 @@ Status FrameDecoder::commit(size_t n) {
   return check_header();
 }
 
+size_t FrameDecoder::frame_missing() const {
+  if (!error_.ok() || buffered_bytes() < kFrameHeaderBytes) return 0;
+  const size_t whole = kFrameHeaderBytes + read_be32(buffer_.get() + consumed_);
+  return whole > buffered_bytes() ? whole - buffered_bytes() : 0;
+}
+
 Result<std::optional<std::string_view>> FrameDecoder::next() {
   using Frame = std::optional<std::string_view>;
   RETURN_IF_ERROR(check_header());

@@ -42,6 +42,8 @@ class FrameDecoder {
   // True when some bytes of an incomplete frame are buffered (a close now truncates it).
   bool mid_frame() const { return size_ > consumed_; }
   size_t buffered_bytes() const { return size_ - consumed_; }
+  // Bytes still to come of the frame in progress, once its header is buffered (else 0).
+  size_t frame_missing() const;
   uint32_t max_bytes() const { return max_bytes_; }
   // Bytes allocated for the buffer (it grows to hold the largest frame plus one read).
   size_t capacity() const { return capacity_; }

@@ -234,6 +234,7 @@ TEST_CASE("uploads and downloads taking turns one at a time still average bit fo
   asio::io_context io;
   auto o = fed.options(2);
   o.upload_concurrency = 1;
+  o.background_hash_bytes = 0;  // every upload hashes on its helper thread, in place
   o.download_memory_bytes = o.download_window_bytes;  // one download at a time
   std::vector<RoundReport> reports;
   auto agg = fed.start_aggregator(io, o, &reports);
@@ -1000,6 +1001,7 @@ TEST_CASE("uploads beyond the memory budget wait on disk and fold bit for bit", 
   auto o = fed.options(3);
   o.upload_memory_bytes = 0;  // every upload waits on disk
   o.spill_dir = dir.string();
+  o.background_hash_bytes = GENERATE(uint64_t{0}, uint64_t{4} << 20);  // helper thread, inline
   auto agg = fed.start_aggregator(io, o);
   std::vector<std::unique_ptr<FormulaTrainer>> trainers;
   std::vector<std::unique_ptr<EdgeClient>> clients;

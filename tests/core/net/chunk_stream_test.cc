@@ -2,7 +2,9 @@
 // resumption from the last acknowledged chunk, untrusted headers validated.
 #include "core/net/chunk_stream.h"
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -208,6 +210,88 @@ TEST_CASE("the whole-payload SHA-256 catches what chunk CRCs cannot", "[net]") {
   const Status s = receiver->finish();
   CHECK(s.code() == StatusCode::kDataLoss);
   CHECK_THAT(s.message(), Catch::Contains("SHA-256"));
+}
+
+TEST_CASE("a helper thread hashing copies, or reading back what the sink stored, agrees", "[net]") {
+  // Over 8 MiB, so that copies wait for the helper; chunks short enough to sit inside a
+  // std::string (small-string storage) and longer ones.
+  const uint32_t chunk_bytes = GENERATE(7u, 100'000u);
+  const size_t size = chunk_bytes < 100 ? 50'000 : 9'000'000;
+  const std::string payload = random_payload(size, 11);
+  ChunkSender sender(2, payload, chunk_bytes);
+  const bool read_back = GENERATE(false, true);
+  const bool corrupt = GENERATE(false, true);
+  std::string stored(size, '\0');
+  std::atomic<uint64_t> stored_end{0};  // the sink runs here, the read-back on the helper
+  auto receiver = ChunkReceiver::create(
+      sender.header(), 16 << 20,
+      [&](uint64_t offset, std::string_view data) {
+        if (offset != stored_end.load()) return internal_error("sink out of order");
+        std::memcpy(stored.data() + offset, data.data(), data.size());
+        stored_end.store(offset + data.size());
+        return ok_status();
+      },
+      ChunkReceiver::Hashing::kBackground,
+      read_back ? ChunkReceiver::ReadBack([&](uint64_t offset, std::span<char> out) {
+        // The helper may read only what the sink has stored.
+        if (offset + out.size() > stored_end.load()) return internal_error("read past the sink");
+        std::memcpy(out.data(), stored.data() + offset, out.size());
+        return ok_status();
+      })
+                : ChunkReceiver::ReadBack());
+  REQUIRE(receiver.ok());
+  for (uint64_t i = 0; i < sender.num_chunks(); ++i) {
+    auto c = *sender.chunk(i);
+    if (corrupt && i == sender.num_chunks() - 1) {
+      (*c.mutable_data())[0] ^= 0x10;
+      c.set_crc32c(wire::crc32c(c.data()));
+    }
+    REQUIRE(receiver->accept(c).ok());
+  }
+  CHECK(receiver->finish().code() == (corrupt ? StatusCode::kDataLoss : StatusCode::kOk));
+  if (!corrupt) CHECK(stored == payload);
+}
+
+TEST_CASE("a failed read-back fails the transfer, naming it", "[net]") {
+  const std::string payload = random_payload(3'000'000, 12);
+  ChunkSender sender(4, payload, 100'000);
+  auto receiver = ChunkReceiver::create(
+      sender.header(), 4 << 20, [](uint64_t, std::string_view) { return ok_status(); },
+      ChunkReceiver::Hashing::kBackground,
+      [](uint64_t, std::span<char>) { return data_loss("spill file truncated"); });
+  REQUIRE(receiver.ok());
+  for (uint64_t i = 0; i < sender.num_chunks(); ++i)
+    REQUIRE(receiver->accept(*sender.chunk(i)).ok());
+  const Status s = receiver->finish();
+  CHECK(s.code() == StatusCode::kDataLoss);
+  CHECK_THAT(s.message(), Catch::Contains("transfer 4"));
+  CHECK_THAT(s.message(), Catch::Contains("spill file truncated"));
+}
+
+TEST_CASE("a receiver dropped mid-transfer stops its helper thread cleanly", "[net]") {
+  const std::string payload = random_payload(2'000'000, 13);
+  ChunkSender sender(3, payload, 100'000);
+  for (const bool buffered : {true, false}) {
+    auto receiver = buffered ? ChunkReceiver::create_buffered(sender.header(), 4 << 20,
+                                                              ChunkReceiver::Hashing::kBackground)
+                             : ChunkReceiver::create(
+                                   sender.header(), 4 << 20,
+                                   [](uint64_t, std::string_view) { return ok_status(); },
+                                   ChunkReceiver::Hashing::kBackground);
+    REQUIRE(receiver.ok());
+    // Queued work left behind: in place (the buffer must outlive the helper's reads) or copied.
+    for (uint64_t i = 0; i < sender.num_chunks() / 2; ++i) {
+      REQUIRE(receiver->accept(*sender.chunk(i)).ok());
+    }
+    auto replaced = ChunkReceiver::create_buffered(sender.header(), 4 << 20);
+    REQUIRE(replaced.ok());
+    *receiver = std::move(*replaced);  // assigning over it drops the old transfer too
+    for (uint64_t i = 0; i < sender.num_chunks(); ++i) {
+      REQUIRE(receiver->accept(*sender.chunk(i)).ok());
+    }
+    REQUIRE(receiver->finish().ok());
+    CHECK(receiver->take_payload() == payload);
+  }
 }
 
 TEST_CASE("untrusted transfer headers are validated", "[net]") {

@@ -420,6 +420,24 @@ TEST_CASE("frame decoder receives in place through prepare and commit", "[wire]"
     (void)d.prepare(8);
     CHECK_FALSE(d.commit(1 << 20).ok());
   }
+  SECTION("frame_missing counts what the frame in progress still lacks") {
+    FrameDecoder d;
+    CHECK(d.frame_missing() == 0);
+    const auto feed = [&](std::string_view bytes) {
+      const std::span<char> room = d.prepare(bytes.size());
+      std::copy_n(bytes.data(), bytes.size(), room.data());
+      REQUIRE(d.commit(bytes.size()).ok());
+    };
+    feed(std::string_view(stream.data(), 2));  // half a header: not known yet
+    CHECK(d.frame_missing() == 0);
+    feed(std::string_view(stream.data() + 2, 4));  // header and 2 of "first"'s 5 bytes
+    CHECK(d.frame_missing() == 3);
+    feed(std::string_view(stream.data() + 6, 3 + 4 + 10));  // the rest, 10 bytes of the next
+    auto f = d.next();
+    REQUIRE(f.ok());
+    REQUIRE(f->has_value());
+    CHECK(d.frame_missing() == 5000 - 10);
+  }
 }
 
 TEST_CASE("frame decoder sizes its buffer by the announced frame and releases it when empty",
