@@ -264,7 +264,12 @@ struct Aggregator::Impl : std::enable_shared_from_this<Impl> {
       auto self = weak.lock();
       if (!self) return;
       const auto it = self->sessions.find(id);
-      if (it != self->sessions.end() && it->second.registered) self->on_chunk(it->second, c);
+      if (it == self->sessions.end()) return;
+      if (!it->second.registered) {
+        return self->reject_peer(it->second, v1::ERROR_CODE_BAD_REQUEST,
+                                 failed_precondition("expected Hello"));
+      }
+      self->on_chunk(it->second, c);
     });
     conn->start(
         [weak, id](v1::Envelope e) {

@@ -164,7 +164,8 @@ class ChunkReceiver::BackgroundHash {
  private:
   static constexpr size_t kMaxPending = 8u << 20;
   static constexpr size_t kMaxFree = 4;
-  static constexpr size_t kReadBackBytes = 1u << 20;
+  // Read back a piece at a time: each upload hashing on its helper holds a buffer this size.
+  static constexpr size_t kReadBackBytes = 256u << 10;
 
   struct Item {
     bool copied = false;

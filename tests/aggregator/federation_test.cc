@@ -572,6 +572,38 @@ TEST_CASE("a client claiming another identity is refused", "[net]") {
   CHECK_THAT(impostor.errors[0], Catch::Contains("certificate names 'client-1'"));
 }
 
+TEST_CASE("a chunk before the Hello is refused and the connection closed", "[net]") {
+  Federation fed;
+  asio::io_context io;
+  auto agg = fed.start_aggregator(io, fed.options(1));
+  std::shared_ptr<net::Connection> conn;
+  std::vector<std::string> errors;
+  bool closed = false;
+  net::ClientOptions o;
+  o.host = "127.0.0.1";
+  o.port = agg->port();
+  o.server_name = "localhost";
+  net::connect(io, ctx_of(fed.pki, fed.client_nodes[0], net::TlsSide::kClient), o,
+               [&](Result<std::shared_ptr<net::Connection>> r) {
+                 REQUIRE(r.ok());
+                 conn = *r;
+                 conn->start(
+                     [&](v1::Envelope e) {
+                       if (e.has_error()) errors.push_back(e.error().message());
+                     },
+                     [&](const Status&) { closed = true; });
+                 // Chunks go to the aggregator's chunk handler, not its message handler.
+                 net::ChunkSender sender(1, "early bytes", 4);
+                 auto chunk = sender.chunk_view(0);
+                 REQUIRE(chunk.ok());
+                 REQUIRE(conn->send_chunk(*chunk).ok());
+               });
+  REQUIRE(run_until(io, kWait, [&] { return closed; }));
+  CHECK(agg->registered_clients() == 0);
+  REQUIRE_FALSE(errors.empty());
+  CHECK_THAT(errors[0], Catch::Contains("expected Hello"));
+}
+
 TEST_CASE("a stalled upload loses its turn and chunks sent before the turn are refused", "[net]") {
   Federation fed;
   asio::io_context io;
