@@ -20,6 +20,7 @@
 #include "aggregator/dp.h"
 #include "aggregator/strategy.h"
 #include "core/compress/codec.h"
+#include "core/net/chunk_stream.h"
 #include "core/net/server.h"
 #include "core/util/status.h"
 #include "core/wire/federation.pb.h"
@@ -130,7 +131,7 @@ struct AggregatorOptions {
   // Uploads of at least this many bytes check their SHA-256 on a helper thread each, off the
   // I/O thread that decrypts every connection's records, so that concurrent uploads hash on
   // several cores (smaller ones hash inline: a thread per tiny upload costs more than it saves).
-  uint64_t background_hash_bytes = 4u << 20;
+  uint64_t background_hash_bytes = net::ChunkReceiver::kBackgroundHashMinBytes;
   // A granted upload that sends no chunk for this long is rejected and its turn goes to the
   // next one (a client that stalls or vanishes mid-upload cannot hold a turn for the
   // connection's idle timeout). Chunks sent before the grant reject the upload.

@@ -420,10 +420,11 @@ struct Peer::Impl : std::enable_shared_from_this<Peer::Impl> {
         const uint64_t limit = static_cast<uint64_t>(numel) * 8 + (1u << 20);
         // A large model hashes on a helper thread (in place), so that transfers from several
         // neighbours at once hash on several cores rather than on this I/O thread.
-        auto rx = net::ChunkReceiver::create_buffered(g.transfer(), limit,
-                                                      g.transfer().total_bytes() >= (4u << 20)
-                                                          ? net::ChunkReceiver::Hashing::kBackground
-                                                          : net::ChunkReceiver::Hashing::kInline);
+        const auto hashing =
+            g.transfer().total_bytes() >= net::ChunkReceiver::kBackgroundHashMinBytes
+                ? net::ChunkReceiver::Hashing::kBackground
+                : net::ChunkReceiver::Hashing::kInline;
+        auto rx = net::ChunkReceiver::create_buffered(g.transfer(), limit, hashing);
         if (!rx.ok()) return drop(link, rx.status());
         link->rx.emplace(std::move(*rx));
         link->rx_meta = g;

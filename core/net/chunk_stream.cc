@@ -95,19 +95,22 @@ Result<v1::Chunk> ChunkSender::chunk(uint64_t index) const {
   return c;
 }
 
-// SHA-256 on a helper thread, fed in one of three ways:
+// SHA-256 on a helper thread, fed in one of two ways:
 // - update() copies the bytes into a recycled buffer and returns (at most kMaxPending copied
 //   bytes wait: beyond that it blocks until the helper catches up);
-// - update_borrowed() queues a view of bytes that stay put (a buffered receiver's payload, kept
-//   alive by `owner`): nothing is copied;
-// - update_stored() says the sink has stored the payload up to `end`, and the helper reads it
-//   back (a spill file, from the page cache) a piece at a time: the I/O thread neither copies
-//   nor waits, and what is not hashed yet costs no memory of this process.
+// - update_stored() says the sink has stored the payload up to `end`, and the helper hashes it
+//   from where it lies: in place from `base` (a buffered receiver's payload, which `owner` keeps
+//   alive), or read back a piece at a time through `read_back` (a spill file, from the page
+//   cache). The I/O thread neither copies nor waits, and what is not hashed yet costs no memory.
 // finish() waits until everything given is hashed.
 class ChunkReceiver::BackgroundHash {
  public:
-  explicit BackgroundHash(ReadBack read_back)
-      : read_back_(std::move(read_back)), thread_([this] { run(); }) {}
+  // Stored mode when base or read_back is set; copying mode otherwise.
+  BackgroundHash(const char* base, std::shared_ptr<const void> owner, ReadBack read_back)
+      : base_(base),
+        owner_(std::move(owner)),
+        read_back_(std::move(read_back)),
+        thread_([this] { run(); }) {}
   ~BackgroundHash() {
     {
       std::lock_guard lock(mu_);
@@ -119,32 +122,22 @@ class ChunkReceiver::BackgroundHash {
   BackgroundHash(const BackgroundHash&) = delete;
   BackgroundHash& operator=(const BackgroundHash&) = delete;
 
-  bool reads_back() const { return static_cast<bool>(read_back_); }
+  bool hashes_stored() const { return base_ != nullptr || read_back_; }
 
   void update(std::string_view data) {
     std::unique_lock lock(mu_);
     cv_.wait(lock,
              [&] { return pending_bytes_ == 0 || pending_bytes_ + data.size() <= kMaxPending; });
-    Item item;
+    std::string buf;
     if (!free_.empty()) {
-      item.copy = std::move(free_.back());
+      buf = std::move(free_.back());
       free_.pop_back();
     }
     pending_bytes_ += data.size();
     lock.unlock();
-    item.copy.assign(data);  // the copy runs outside the lock
-    item.copied = true;
+    buf.assign(data);  // the copy runs outside the lock
     lock.lock();
-    pending_.push_back(std::move(item));
-    cv_.notify_all();
-  }
-
-  void update_borrowed(std::string_view data, std::shared_ptr<const void> owner) {
-    Item item;
-    item.view = data;
-    item.owner = std::move(owner);
-    std::lock_guard lock(mu_);
-    pending_.push_back(std::move(item));
+    pending_.push_back(std::move(buf));
     cv_.notify_all();
   }
 
@@ -156,7 +149,7 @@ class ChunkReceiver::BackgroundHash {
 
   Result<std::string> finish() {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return pending_.empty() && !busy_ && hashed_ == stored_; });
+    cv_.wait(lock, [&] { return pending_bytes_ == 0 && hashed_ == stored_; });
     if (!read_error_.ok()) return read_error_;
     return sha_.finish();  // the worker is idle: nothing is pending
   }
@@ -167,13 +160,18 @@ class ChunkReceiver::BackgroundHash {
   // Read back a piece at a time: each upload hashing on its helper holds a buffer this size.
   static constexpr size_t kReadBackBytes = 256u << 10;
 
-  struct Item {
-    bool copied = false;
-    std::string copy;                   // the bytes, when copied
-    std::string_view view;              // the bytes, when borrowed
-    std::shared_ptr<const void> owner;  // keeps borrowed bytes alive
-    std::string_view bytes() const { return copied ? std::string_view(copy) : view; }
-  };
+  // Hashes stored bytes [at, at + n), without the lock.
+  void hash_stored(uint64_t at, size_t n) {
+    if (base_ != nullptr) return sha_.update(std::string_view(base_ + at, n));
+    if (!read_error_.ok()) return;  // the digest is lost anyway
+    scratch_.resize(n);
+    if (Status st = read_back_(at, std::span<char>(scratch_.data(), n)); !st.ok()) {
+      std::lock_guard lock(mu_);
+      read_error_ = st.with_context("reading back bytes to hash");
+      return;
+    }
+    sha_.update(std::string_view(scratch_.data(), n));
+  }
 
   void run() {
     std::unique_lock lock(mu_);
@@ -182,45 +180,38 @@ class ChunkReceiver::BackgroundHash {
       if (stop_) return;
       if (hashed_ < stored_) {
         const uint64_t at = hashed_;
-        const auto n = static_cast<size_t>(std::min<uint64_t>(kReadBackBytes, stored_ - at));
-        busy_ = true;
+        const auto n = static_cast<size_t>(
+            base_ != nullptr ? stored_ - at : std::min<uint64_t>(kReadBackBytes, stored_ - at));
         lock.unlock();
-        if (scratch_.size() < n) scratch_.resize(kReadBackBytes);
-        Status st =
-            read_error_.ok() ? read_back_(at, std::span<char>(scratch_.data(), n)) : ok_status();
-        if (st.ok() && read_error_.ok()) sha_.update(std::string_view(scratch_.data(), n));
+        hash_stored(at, n);
         lock.lock();
-        if (!st.ok()) read_error_ = st.with_context("reading back bytes to hash");
         hashed_ = at + n;
-        busy_ = false;
         cv_.notify_all();
         continue;
       }
-      Item item = std::move(pending_.front());
+      std::string buf = std::move(pending_.front());
       pending_.pop_front();
-      busy_ = true;
       lock.unlock();
-      sha_.update(item.bytes());
-      item.owner.reset();
+      sha_.update(buf);
       lock.lock();
-      busy_ = false;
-      pending_bytes_ -= item.copy.size();
-      if (!item.copy.empty() && free_.size() < kMaxFree) free_.push_back(std::move(item.copy));
+      pending_bytes_ -= buf.size();
+      if (free_.size() < kMaxFree) free_.push_back(std::move(buf));
       cv_.notify_all();
     }
   }
 
+  const char* const base_;
+  const std::shared_ptr<const void> owner_;  // keeps base_'s bytes alive while hashing
   const ReadBack read_back_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Item> pending_;
+  std::deque<std::string> pending_;
   std::vector<std::string> free_;
   size_t pending_bytes_ = 0;  // copied bytes queued or being hashed
   uint64_t stored_ = 0;       // update_stored(): the sink holds the payload up to here
   uint64_t hashed_ = 0;       // ... and the helper has hashed it up to here
   std::string scratch_;       // pieces read back
   Status read_error_;
-  bool busy_ = false;  // the worker is hashing something it took off the queue
   bool stop_ = false;
   Sha256 sha_;
   std::thread thread_;  // last: starts once the members above exist
@@ -248,7 +239,7 @@ Result<ChunkReceiver> ChunkReceiver::create(const v1::TransferHeader& header,
   if (header.sha256().size() != 32) return invalid_argument(id + ": SHA-256 must be 32 bytes");
   ChunkReceiver r(header, std::move(sink));
   if (hashing == Hashing::kBackground) {
-    r.background_ = std::make_unique<BackgroundHash>(std::move(read_back));
+    r.background_ = std::make_unique<BackgroundHash>(nullptr, nullptr, std::move(read_back));
   }
   return r;
 }
@@ -256,16 +247,18 @@ Result<ChunkReceiver> ChunkReceiver::create(const v1::TransferHeader& header,
 Result<ChunkReceiver> ChunkReceiver::create_buffered(const v1::TransferHeader& header,
                                                      uint64_t max_total_bytes, Hashing hashing) {
   auto buffer = std::make_shared<std::string>();
-  ASSIGN_OR_RETURN(ChunkReceiver r, create(
-                                        header, max_total_bytes,
-                                        [buffer](uint64_t, std::string_view data) {
-                                          buffer->append(data);
-                                          return ok_status();
-                                        },
-                                        hashing));
+  ASSIGN_OR_RETURN(ChunkReceiver r,
+                   create(header, max_total_bytes, [buffer](uint64_t, std::string_view data) {
+                     buffer->append(data);
+                     return ok_status();
+                   }));
   buffer->reserve(header.total_bytes());
   r.buffer_ = buffer;
   r.buffer_base_ = buffer->data();
+  // The helper hashes the payload where it is collected.
+  if (hashing == Hashing::kBackground) {
+    r.background_ = std::make_unique<BackgroundHash>(r.buffer_base_, buffer, nullptr);
+  }
   return r;
 }
 
@@ -293,12 +286,11 @@ Status ChunkReceiver::accept(const wire::ChunkView& chunk) {
   }
   if (wire::crc32c(chunk.data) != chunk.crc32c) return data_loss(id() + " fails its CRC32C");
   RETURN_IF_ERROR(sink_(offset, chunk.data), id());
-  if (background_ && buffer_) {
-    // The buffer was reserved whole, so appending never moves what the helper still reads.
-    if (buffer_->data() != buffer_base_) return internal_error(id() + ": the receive buffer moved");
-    background_->update_borrowed(std::string_view(buffer_->data() + offset, chunk.data.size()),
-                                 buffer_);
-  } else if (background_ && background_->reads_back()) {
+  if (background_ && background_->hashes_stored()) {
+    // A buffer was reserved whole, so appending never moves what the helper still reads.
+    if (buffer_ && buffer_->data() != buffer_base_) {
+      return internal_error(id() + ": the receive buffer moved");
+    }
     background_->update_stored(offset + chunk.data.size());
   } else if (background_) {
     background_->update(chunk.data);

@@ -92,11 +92,13 @@ class ChunkReceiver {
   using ReadBack = std::function<Status(uint64_t offset, std::span<char> out)>;
   // Where the whole-payload SHA-256 runs. kBackground hashes on a helper thread owned by the
   // receiver, so hashing (the largest cost of receiving) overlaps with decrypting the next
-  // chunks on the I/O thread, and several receivers hash on several cores. The helper hashes a
-  // buffered receiver's payload in place; with a read_back it reads what the sink stored (a
-  // spill file); otherwise each chunk is copied for it (at most 8 MiB wait: accept() blocks
-  // beyond that).
+  // chunks on the I/O thread, and several receivers hash on several cores. The helper hashes
+  // what has been stored behind the sink: a buffered receiver's payload in place, or through
+  // read_back (a spill file); without either each chunk is copied for it (at most 8 MiB wait:
+  // accept() blocks beyond that).
   enum class Hashing { kInline, kBackground };
+  // Below this size a helper thread costs more than hashing inline saves.
+  static constexpr uint64_t kBackgroundHashMinBytes = 4u << 20;
 
   // Validates an untrusted header: sizes consistent, below max_total_bytes, 32-byte digest.
   // read_back is used with kBackground only.
