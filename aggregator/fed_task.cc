@@ -151,8 +151,12 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
     check(!exec, "client.device", "\"cuda\" applies to the built-in trainer, not \"exec\"");
   }
   check(c.client().gpus().empty() || cuda, "client.gpus", "applies to client.device \"cuda\"");
-  check(c.client().gpus_size() <= 1, "client.gpus",
-        "names one GPU: several GPUs per client are not supported yet");
+  {
+    std::vector<uint32_t> g(c.client().gpus().begin(), c.client().gpus().end());
+    std::sort(g.begin(), g.end());
+    check(std::adjacent_find(g.begin(), g.end()) == g.end(), "client.gpus",
+          "names a GPU twice (one data-parallel rank per GPU)");
+  }
   if (exec) {
     check(!c.client().trainer_command().empty() && !c.client().trainer_command(0).empty(),
           "client.trainer_command",

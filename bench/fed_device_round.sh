@@ -3,13 +3,14 @@
 # certificates, an aggregator and two `starling client --device DEVICE` processes train a tiny
 # GPT over mutual TLS on loopback (2 rounds, local AdamW), and each client prints the share of
 # its round time spent outside training. The global model lands in OUT_DIR/state.
-#   bash bench/fed_device_round.sh BUILD_DIR DEVICE OUT_DIR      (DEVICE: cpu or cuda)
+#   bash bench/fed_device_round.sh BUILD_DIR DEVICE OUT_DIR [GPUS]  (DEVICE: cpu or cuda; GPUS,
+#   e.g. 0,1: each client trains data parallel over them)
 # bench/gpu_check.sh runs it for cpu and cuda and compares the two global models.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 source scripts/lib/procs.sh
-build=$1 device=$2 out=$3
+build=$1 device=$2 out=$3 gpus=${4:-}
 bin="$build/apps/starling"
 [[ -x "$bin" ]] || { echo "fed_device_round: no binary at $bin" >&2; exit 2; }
 on_exit_kill_children ':'
@@ -71,7 +72,7 @@ for _ in $(seq 200); do grep -q "listening" "$out/aggregator.log" 2>/dev/null &&
 pids=()
 for k in 0 1; do
   "$bin" client -c "$out/client-$k.toml" --partition "$k" --device "$device" \
-    > "$out/client-$k.log" 2>&1 &
+    ${gpus:+--gpus "$gpus"} > "$out/client-$k.log" 2>&1 &
   pids+=($!)
 done
 # The clients first: one that fails (no GPU, a bad config) ends the run at once (the exit trap

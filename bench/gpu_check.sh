@@ -190,6 +190,12 @@ if [ "${ngpu:-0}" -ge 2 ]; then
     --gpus "$(seq -s, 0 $((ngpu - 1)))" --set train.batch_size=24 --set train.max_iters=200 \
     --set train.eval_interval=100 \
     --set "train.out_dir=$build/train_cuda_dp" "${data_args[@]}"
+  # Two clients, each data parallel over two GPUs ([client] gpus; local.batch_size 8 splits):
+  # the same global model as the CPU run within 1e-4.
+  step fed_round_cuda_dp 120 bash bench/fed_device_round.sh "$build" cuda "$build/fed_round_cuda_dp" 0,1
+  step fed_round_dp_parity 30 python3 bench/compare_safetensors.py --tol 1e-4 \
+    "$build/fed_round_cpu/state/global_model.safetensors" \
+    "$build/fed_round_cuda_dp/state/global_model.safetensors"
 fi
 
 # The MDLM on the GPU (issue 8): `starling train --device cuda` on the char shape of

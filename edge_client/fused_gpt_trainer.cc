@@ -1,6 +1,9 @@
 // GptTrainer's local steps over the fused engine, on the CPU backend or a GPU.
 #include "edge_client/fused_gpt_trainer.h"
 
+#include <omp.h>
+
+#include <chrono>
 #include <cmath>
 
 #include "edge_client/model_params.h"
@@ -17,9 +20,9 @@ compress::Layout layout_of_fused(const models::GptConfig& config) {
   return layout;
 }
 
-Result<std::unique_ptr<models::FusedBackend>> make_backend(const FusedDevice& d) {
+Result<std::unique_ptr<models::FusedBackend>> make_backend(const FusedDevice& d, int rank) {
   if (!d.cuda) return models::make_fused_cpu_backend();
-  return models::make_fused_cuda_backend(d.gpu);
+  return models::make_fused_cuda_backend(d.gpu(rank));
 }
 
 }  // namespace
@@ -53,12 +56,27 @@ Result<std::unique_ptr<FusedGptTrainer>> FusedGptTrainer::create(
   compress::Layout layout = layout_of_fused(options.model);
   auto trainer = std::unique_ptr<FusedGptTrainer>(new FusedGptTrainer(
       std::move(tokens), begin, end, std::move(options), device, std::move(layout)));
-  // Fail here, not in the first round, when the GPU is not there.
-  ASSIGN_OR_RETURN(auto backend, make_backend(device));
-  trainer->where_ = device.cuda ? "cuda:" + std::to_string(device.gpu) + " (" + backend->name() +
-                                      ", fused engine)"
-                                : "fused CPU engine";
-  trainer->backend_ = std::move(backend);  // the first engine runs on it
+  // Fail here, not in the first round, when a GPU is not there or several cannot be joined.
+  const int ranks = device.ranks();
+  if (device.cuda && ranks > 1) {
+    RETURN_IF_ERROR(models::FusedReplicas::check_gpus(device.gpus), "key 'client.gpus'");
+  }
+  for (int r = 0; r < ranks; ++r) {
+    ASSIGN_OR_RETURN(auto backend, make_backend(device, r));
+    trainer->backends_.push_back(std::move(backend));
+  }
+  const std::string name = trainer->backends_[0]->name();
+  if (!device.cuda) {
+    trainer->where_ =
+        ranks == 1 ? "fused CPU engine"
+                   : "fused CPU engine, data parallel over " + std::to_string(ranks) + " ranks";
+  } else {
+    std::string ids;
+    for (int r = 0; r < ranks; ++r) ids += (r ? "," : "") + std::to_string(device.gpu(r));
+    trainer->where_ = "cuda:" + ids + " (" + name + ", fused engine" +
+                      (ranks > 1 ? ", data parallel over " + std::to_string(ranks) + " GPUs" : "") +
+                      ")";
+  }
   return trainer;
 }
 
@@ -73,15 +91,77 @@ FusedGptTrainer::FusedGptTrainer(std::shared_ptr<const std::vector<int32_t>> tok
       layout_(std::move(layout)) {}
 
 Status FusedGptTrainer::ensure_engine(int64_t batch) {
-  if (engine_ && engine_->batch() == batch) return ok_status();
-  engine_.reset();  // the old buffers go before the new ones are allocated
-  // Seed 0: the weights are overwritten by every round's global model.
-  std::unique_ptr<models::FusedBackend> backend = std::move(backend_);
-  if (!backend) {
-    ASSIGN_OR_RETURN(backend, make_backend(device_));
+  const int ranks = device_.ranks();
+  if (ranks == 1 && engine_ && engine_->batch() == batch) return ok_status();
+  if (ranks > 1 && replicas_ && replicas_->rows_per_rank() * ranks == batch) return ok_status();
+  if (batch % ranks != 0) {
+    return invalid_argument("a round's batch of " + std::to_string(batch) +
+                            " rows does not split over the " + std::to_string(ranks) +
+                            (device_.cuda ? " GPUs of key 'client.gpus'" : " data-parallel ranks") +
+                            ": local.batch_size must be a multiple of " + std::to_string(ranks));
   }
-  ASSIGN_OR_RETURN(engine_, models::FusedGpt::make(options_.model, batch, options_.model.block_size,
-                                                   0, std::move(backend)));
+  // The old buffers go before the new ones are allocated.
+  engine_.reset();
+  replicas_.reset();
+  // Seed 0: the weights are overwritten by every round's global model.
+  const auto replica = [this, batch, ranks](int r) -> Result<std::unique_ptr<models::FusedGpt>> {
+    std::unique_ptr<models::FusedBackend> backend;
+    if (static_cast<size_t>(r) < backends_.size() && backends_[static_cast<size_t>(r)]) {
+      backend = std::move(backends_[static_cast<size_t>(r)]);
+    } else {
+      ASSIGN_OR_RETURN(backend, make_backend(device_, r));
+    }
+    return models::FusedGpt::make(options_.model, batch / ranks, options_.model.block_size, 0,
+                                  std::move(backend));
+  };
+  if (ranks == 1) {
+    ASSIGN_OR_RETURN(engine_, replica(0));
+    return ok_status();
+  }
+  // Each rank's OpenMP threads: the CPU's share (a GPU rank's thread only enqueues work).
+  const int threads = device_.cuda ? 1 : std::max(1, omp_get_max_threads() / ranks);
+  ASSIGN_OR_RETURN(replicas_, models::FusedReplicas::make(
+                                  ranks, replica, device_.cuda ? device_.gpus : std::vector<int>{},
+                                  /*overlap=*/true, threads, std::chrono::minutes(5)));
+  return ok_status();
+}
+
+Status FusedGptTrainer::run_steps(std::span<const float> global, const v1::RoundPlan& plan,
+                                  int64_t steps, double* loss_sum, std::vector<float>* local) {
+  const int64_t T = options_.model.block_size, B = plan.batch_size();
+  const io::StateDict sd = layout_tensors(layout_, global);
+  // Fresh moments every round, as GptTrainer's AdamW.
+  if (replicas_) {
+    const auto load = [&](int r) -> Status {
+      RETURN_IF_ERROR(replicas_->replica(r).load(sd));
+      replicas_->replica(r).reset_optimizer();
+      return ok_status();
+    };
+    RETURN_IF_ERROR(replicas_->on_ranks(load));
+  } else {
+    RETURN_IF_ERROR(engine_->load(sd));
+    engine_->reset_optimizer();
+  }
+  const models::FusedOptimizer opt{options_.beta1, options_.beta2, 1e-8, options_.weight_decay};
+  const int64_t n = end_ - begin_;
+  const int32_t* tok = tokens_->data() + begin_;
+  std::vector<int32_t> x, y;
+  Rng rng(plan.seed());  // the same stream, so the same windows, as GptTrainer
+  for (int64_t step = 0; step < steps; ++step) {
+    draw_windows(rng, tok, n, B, T, x, &y);
+    ASSIGN_OR_RETURN(const auto r,
+                     replicas_
+                         ? replicas_->train_step(x.data(), y.data(), x.size(), plan.learning_rate(),
+                                                 opt, options_.grad_clip)
+                         : engine_->train_step(x.data(), y.data(), x.size(), plan.learning_rate(),
+                                               opt, options_.grad_clip));
+    if (!std::isfinite(r.loss)) {
+      return internal_error("local training diverged at step " + std::to_string(step) + " (loss " +
+                            std::to_string(r.loss) + "; lower local.learning_rate?)");
+    }
+    *loss_sum += r.loss;
+  }
+  *local = replicas_ ? replicas_->replica(0).parameters_host() : engine_->parameters_host();
   return ok_status();
 }
 
@@ -91,29 +171,17 @@ Result<TrainReport> FusedGptTrainer::train(std::span<const float> global, const 
   const int64_t n = end_ - begin_;
   RETURN_IF_ERROR(check_text_round(begin_, end_, tokens_->size(), T, plan));
   if (delta.size() != global.size()) return invalid_argument("delta and global sizes differ");
-  const int64_t B = plan.batch_size();
-  RETURN_IF_ERROR(ensure_engine(B));
-  RETURN_IF_ERROR(engine_->load(layout_tensors(layout_, global)), "fused GPT trainer");
-  engine_->reset_optimizer();  // fresh moments every round, as GptTrainer's AdamW
-  const models::FusedOptimizer opt{options_.beta1, options_.beta2, 1e-8, options_.weight_decay};
   const int64_t steps = gpt_local_steps(n, T, options_.epochs, plan);
   if (steps <= 0) return invalid_argument("a round of " + std::to_string(steps) + " local steps");
-  const int32_t* tok = tokens_->data() + begin_;
-  std::vector<int32_t> x, y;
-  Rng rng(plan.seed());  // the same stream, so the same windows, as GptTrainer
+  RETURN_IF_ERROR(ensure_engine(plan.batch_size()));
   double loss_sum = 0.0;
-  for (int64_t step = 0; step < steps; ++step) {
-    draw_windows(rng, tok, n, B, T, x, &y);
-    ASSIGN_OR_RETURN(const auto r,
-                     engine_->train_step(x.data(), y.data(), x.size(), plan.learning_rate(), opt,
-                                         options_.grad_clip));
-    if (!std::isfinite(r.loss)) {
-      return internal_error("local training diverged at step " + std::to_string(step) + " (loss " +
-                            std::to_string(r.loss) + "; lower local.learning_rate?)");
-    }
-    loss_sum += r.loss;
+  std::vector<float> local;
+  Status st = run_steps(global, plan, steps, &loss_sum, &local);
+  if (!st.ok()) {
+    // A failed collective leaves the replicas' group broken: the next round makes new ones.
+    replicas_.reset();
+    return st.with_context("fused GPT trainer");
   }
-  const std::vector<float> local = engine_->parameters_host();
   if (local.size() != global.size()) {
     return internal_error("fused GPT trainer: the engine holds " + std::to_string(local.size()) +
                           " parameters, the federation's model " + std::to_string(global.size()));

@@ -1,23 +1,35 @@
 // The GPT client trainer on the fused engine (models/gpt/fused_gpt.h): the same windows, steps,
 // clipping and AdamW (fresh moments every round) as GptTrainer, on the CPU backend or on a GPU
 // (CUDA backend), where the model, its gradients and the AdamW state stay across rounds and only
-// the loss and the gradient norm come back per step. What `[client] device = "cuda"` runs.
+// the loss and the gradient norm come back per step. What `[client] device = "cuda"` runs; with
+// several GPUs (`[client] gpus = [0, 1]`) one data-parallel replica per GPU
+// (models/gpt/fused_replicas.h), each taking batch_size / GPUs rows of every step.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "edge_client/edge_client.h"
 #include "edge_client/gpt_trainer.h"
 #include "models/gpt/fused_gpt.h"
+#include "models/gpt/fused_replicas.h"
 
 namespace starling::edge_client {
 
 struct FusedDevice {
-  bool cuda = false;  // false: the fused CPU backend
-  int gpu = 0;
+  bool cuda = false;      // false: the fused CPU backend
+  std::vector<int> gpus;  // with cuda: one data-parallel rank per GPU (empty: GPU 0)
+  // The CPU backend's data-parallel ranks (threads): the code several GPUs run, on the CPU.
+  int cpu_ranks = 1;
+
+  int ranks() const {
+    return cuda ? std::max(1, static_cast<int>(gpus.size())) : std::max(1, cpu_ranks);
+  }
+  int gpu(int rank) const { return gpus.empty() ? 0 : gpus[static_cast<size_t>(rank)]; }
 };
 
 class FusedGptTrainer : public LocalTrainer {
@@ -31,17 +43,23 @@ class FusedGptTrainer : public LocalTrainer {
 
   const compress::Layout& layout() const override { return layout_; }
   // GptTrainer::train's windows and steps (the plan's seed draws them), AdamW with plan's
-  // learning rate from zeroed moments, global-norm clipping at grad_clip.
+  // learning rate from zeroed moments, global-norm clipping at grad_clip. With several ranks the
+  // plan's batch must split evenly over them (InvalidArgument naming client.gpus).
   Result<TrainReport> train(std::span<const float> global, const v1::RoundPlan& plan,
                             std::span<float> delta) override;
-  // Where it runs, e.g. "cuda:0 (NVIDIA H200)" or "fused CPU engine".
+  // Where it runs, e.g. "cuda:0 (NVIDIA H200, fused engine)", "cuda:0,1 (..., data parallel)"
+  // or "fused CPU engine".
   const std::string& where() const { return where_; }
 
  private:
   FusedGptTrainer(std::shared_ptr<const std::vector<int32_t>> tokens, int64_t begin, int64_t end,
                   GptTrainerOptions options, FusedDevice device, compress::Layout layout);
-  // The engine for batches of `batch` rows, made on first use and again when the batch changes.
+  // The engine (or replicas) for batches of `batch` rows, made on first use and again when the
+  // batch changes.
   Status ensure_engine(int64_t batch);
+  // The round's local steps on the engine or the replicas, from `global`.
+  Status run_steps(std::span<const float> global, const v1::RoundPlan& plan, int64_t steps,
+                   double* loss_sum, std::vector<float>* local);
 
   std::shared_ptr<const std::vector<int32_t>> tokens_;
   int64_t begin_;
@@ -50,8 +68,10 @@ class FusedGptTrainer : public LocalTrainer {
   FusedDevice device_;
   compress::Layout layout_;
   std::string where_;
-  std::unique_ptr<models::FusedBackend> backend_;  // made by create(), taken by the first engine
-  std::unique_ptr<models::FusedGpt> engine_;
+  // One per rank, made by create() (so a missing GPU fails there), taken by the first engine.
+  std::vector<std::unique_ptr<models::FusedBackend>> backends_;
+  std::unique_ptr<models::FusedGpt> engine_;         // one rank
+  std::unique_ptr<models::FusedReplicas> replicas_;  // several
 };
 
 }  // namespace starling::edge_client

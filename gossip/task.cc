@@ -54,6 +54,11 @@ Status validate_gossip_config(const v1::GossipConfig& c, std::string_view source
       c.topology().kind() != v1::GossipTopologyConfig::RANDOM_REGULAR || c.topology().degree() > 0,
       "topology.degree", "must be positive");
   check(c.data().num_clients() > 0, "data.num_clients", "must be positive");
+  const bool cuda = c.peer().device() == "cuda";
+  check(cuda || c.peer().device() == "cpu", "peer.device", "must be \"cpu\" or \"cuda\"");
+  check(!cuda || c.task().kind() == v1::GossipTaskConfig::FEDERATED, "peer.device",
+        "\"cuda\" applies to task.kind = \"FEDERATED\" (the federations' model kinds)");
+  check(c.peer().gpus().empty() || cuda, "peer.gpus", "applies to peer.device \"cuda\"");
   // task.kind FEDERATED: [data], [model] and [lora] are checked as a federation's when the task
   // is made (the model kind's own rules, e.g. ROLES for shakespeare, init_from for GPT).
   const bool federated = c.task().kind() == v1::GossipTaskConfig::FEDERATED;
@@ -199,7 +204,8 @@ int simulated_peers(const v1::GossipConfig& c) {
 }
 
 Result<std::unique_ptr<GossipTask>> GossipTask::create(const v1::GossipConfig& c,
-                                                       int num_partitions, bool with_test) {
+                                                       int num_partitions, bool with_test,
+                                                       bool one_peer) {
   std::unique_ptr<GossipTask> t(new GossipTask());
   t->config_ = c;
   t->mnist_ = c.task().kind() == v1::GossipTaskConfig::MNIST;
@@ -209,7 +215,7 @@ Result<std::unique_ptr<GossipTask>> GossipTask::create(const v1::GossipConfig& c
           "gossip task: task.kind FEDERATED needs the model kinds of sim/ "
           "(sim::register_gossip_model_tasks was not called)");
     }
-    ASSIGN_OR_RETURN(t->model_task_, model_task_factory()(c, "gossip config"));
+    ASSIGN_OR_RETURN(t->model_task_, model_task_factory()(c, "gossip config", one_peer));
     if (t->model_task_->num_partitions() < 1) {
       return invalid_argument("gossip task: the dataset has no partition to train on");
     }
@@ -358,7 +364,7 @@ void JsonLines::write(const std::string& line) {
 Result<SimulationSummary> run_simulation(const v1::GossipConfig& c,
                                          const std::function<void(const std::string&)>& on_round) {
   const int n = simulated_peers(c);
-  ASSIGN_OR_RETURN(auto task, GossipTask::create(c, n, true));
+  ASSIGN_OR_RETURN(auto task, GossipTask::create(c, n, true, /*one_peer=*/false));
   std::vector<std::vector<float>> initial;
   std::vector<edge_client::LocalTrainer*> trainers;
   std::vector<double> weights;

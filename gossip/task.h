@@ -61,8 +61,10 @@ class ModelTask {
   virtual TaskEval evaluate(std::span<const float> params) = 0;
   virtual std::string describe() const = 0;
 };
+// `one_peer`: the task of one `starling peer` process, whose [peer] gpus are its own
+// data-parallel ranks; else a simulation's, whose peers spread over them.
 using ModelTaskFactory = std::function<Result<std::unique_ptr<ModelTask>>(
-    const v1::GossipConfig& config, std::string_view source)>;
+    const v1::GossipConfig& config, std::string_view source, bool one_peer)>;
 // Installs the factory of task.kind FEDERATED (once per process; later calls replace it).
 void set_model_task_factory(ModelTaskFactory factory);
 
@@ -70,9 +72,11 @@ void set_model_task_factory(ModelTaskFactory factory);
 class GossipTask {
  public:
   // Loads the data (MNIST: train split and partition for `num_partitions`; the test split when
-  // `with_test`). NotFound naming the data folder when the dataset is missing.
+  // `with_test`). NotFound naming the data folder when the dataset is missing. `one_peer`: the
+  // task of one `starling peer` process (ModelTaskFactory).
   static Result<std::unique_ptr<GossipTask>> create(const v1::GossipConfig& config,
-                                                    int num_partitions, bool with_test);
+                                                    int num_partitions, bool with_test,
+                                                    bool one_peer);
 
   const compress::Layout& layout() const { return layout_; }
   // Peer k's starting model: MNIST: the seeded 2NN (the same for all, as D-PSGD assumes);

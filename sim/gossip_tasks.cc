@@ -44,16 +44,29 @@ v1::FederationConfig federation_of(const v1::GossipConfig& g) {
   f.mutable_local()->set_learning_rate(g.local().learning_rate());
   f.mutable_local()->set_codec(g.algorithm().codec());
   f.mutable_eval()->set_max_examples(g.eval().max_examples());
+  f.mutable_client()->set_device(g.peer().device());
+  for (uint32_t gpu : g.peer().gpus()) f.mutable_client()->add_gpus(gpu);
   return f;
 }
 
 void register_gossip_model_tasks() {
-  gossip::set_model_task_factory(
-      [](const v1::GossipConfig& g,
-         std::string_view source) -> Result<std::unique_ptr<gossip::ModelTask>> {
-        ASSIGN_OR_RETURN(auto task, SimTask::create(federation_of(g), source));
-        return std::unique_ptr<gossip::ModelTask>(std::make_unique<SimModelTask>(std::move(task)));
-      });
+  gossip::set_model_task_factory([](const v1::GossipConfig& g, std::string_view source,
+                                    bool one_peer) -> Result<std::unique_ptr<gossip::ModelTask>> {
+    auto task = SimTask::create(federation_of(g), source,
+                                one_peer ? TaskUse::kClient : TaskUse::kSimulation);
+    if (!task.ok()) {
+      // The federation's keys of the trainer's device are [peer]'s here.
+      std::string why = task.status().message();
+      for (const auto& [from, to] :
+           {std::pair<std::string, std::string>{"client.device", "peer.device"},
+            {"client.gpus", "peer.gpus"}}) {
+        for (size_t at = why.find(from); at != std::string::npos; at = why.find(from, at))
+          why.replace(at, from.size(), to);
+      }
+      return Status(task.status().code(), why);
+    }
+    return std::unique_ptr<gossip::ModelTask>(std::make_unique<SimModelTask>(std::move(*task)));
+  });
 }
 
 }  // namespace starling::sim

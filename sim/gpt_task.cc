@@ -73,7 +73,8 @@ class ShakespeareTask final : public SimTask {
   ShakespeareTask(const v1::FederationConfig& c, std::shared_ptr<const data::Tokenizer> tok,
                   std::shared_ptr<const std::vector<int32_t>> train, std::vector<int64_t> bounds,
                   std::vector<int32_t> test, std::vector<std::string> names, int64_t minor,
-                  std::shared_ptr<const models::Gpt> base, models::LoraSpec lora, TextCorpus corpus)
+                  std::shared_ptr<const models::Gpt> base, models::LoraSpec lora, TextCorpus corpus,
+                  TaskUse use)
       : config_(c),
         corpus_(std::move(corpus)),
         tokenizer_(std::move(tok)),
@@ -81,7 +82,8 @@ class ShakespeareTask final : public SimTask {
         bounds_(std::move(bounds)),
         test_(std::move(test)),
         names_(std::move(names)),
-        minor_(minor) {
+        minor_(minor),
+        spread_gpus_(use == TaskUse::kSimulation) {
     if (base) {
       options_.model = base->config();
       options_.model.dropout = 0.0;
@@ -109,8 +111,8 @@ class ShakespeareTask final : public SimTask {
     model_ = new_model(c.model().seed());
     layout_ = edge_client::layout_of(*model_);
     if (c.client().device() == "cuda") {
-      fused_ = edge_client::FusedDevice{
-          true, c.client().gpus().empty() ? 0 : static_cast<int>(c.client().gpus(0))};
+      fused_ = edge_client::FusedDevice{true, {}, 1};
+      for (uint32_t g : c.client().gpus()) fused_->gpus.push_back(static_cast<int>(g));
     }
   }
 
@@ -135,36 +137,50 @@ class ShakespeareTask final : public SimTask {
   }
   std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const override {
     const auto k = static_cast<size_t>(client);
-    return trainer_on(train_, bounds_[k], bounds_[k + 1]);
+    return trainer_on(train_, bounds_[k], bounds_[k + 1], client);
   }
   std::unique_ptr<edge_client::LocalTrainer> make_central_trainer() const override {
-    return trainer_on(train_, bounds_.front(), bounds_.back());
+    return trainer_on(train_, bounds_.front(), bounds_.back(), 0);
+  }
+  // Where client `client` trains: in a simulation, virtual clients spread over [client] gpus
+  // (client k on gpus[k % n], one GPU each); an edge client's trainer takes them all as
+  // data-parallel ranks.
+  edge_client::FusedDevice device_of(int client) const {
+    edge_client::FusedDevice d = *fused_;
+    if (spread_gpus_ && d.gpus.size() > 1)
+      d.gpus = {d.gpus[static_cast<size_t>(client) % d.gpus.size()]};
+    return d;
   }
   // A trainer on tokens[begin, end) on [client] device: the autograd GptTrainer on the CPU, the
-  // fused engine on a GPU. A GPU that went away after the task was made fails every round with
-  // the reason (never a silent CPU run).
+  // fused engine on the GPUs of device_of(client). A GPU that went away after the task was made
+  // fails every round with the reason (never a silent CPU run).
   std::unique_ptr<edge_client::LocalTrainer> trainer_on(
-      std::shared_ptr<const std::vector<int32_t>> tokens, int64_t begin, int64_t end) const {
+      std::shared_ptr<const std::vector<int32_t>> tokens, int64_t begin, int64_t end,
+      int client) const {
     if (!fused_) return std::make_unique<edge_client::GptTrainer>(tokens, begin, end, options_);
-    auto t = edge_client::FusedGptTrainer::create(tokens, begin, end, options_, *fused_);
+    auto t = edge_client::FusedGptTrainer::create(tokens, begin, end, options_, device_of(client));
     if (t.ok()) return std::move(*t);
     return std::make_unique<FailedTrainer>(layout_, t.status());
   }
-  // Whether [client] device can train here: the GPU exists and the engine takes the model.
-  // Errors name `source` and the key.
+  // Whether [client] device can train here: every GPU exists (and several join, for an edge
+  // client's data parallel) and the engine takes the model. Errors name `source` and the key.
   Status check_device(std::string_view source) const {
     if (!fused_) return ok_status();
-    auto t = edge_client::FusedGptTrainer::create(train_, bounds_.front(), bounds_.back(), options_,
-                                                  *fused_);
-    return t.ok()
-               ? ok_status()
-               : t.status().with_context(std::string(source) + ": key 'client.device' = \"cuda\"");
+    const size_t devices = spread_gpus_ ? std::max<size_t>(1, fused_->gpus.size()) : 1;
+    for (size_t k = 0; k < devices; ++k) {
+      auto t = edge_client::FusedGptTrainer::create(train_, bounds_.front(), bounds_.back(),
+                                                    options_, device_of(static_cast<int>(k)));
+      if (!t.ok()) {
+        return t.status().with_context(std::string(source) + ": key 'client.device' = \"cuda\"");
+      }
+    }
+    return ok_status();
   }
   Result<std::unique_ptr<edge_client::LocalTrainer>> make_local_trainer(
       const std::filesystem::path& path, std::string* describe) const override {
     ASSIGN_OR_RETURN(auto ids, local_tokens(path, *tokenizer_, options_.window(), describe));
     const auto n = static_cast<int64_t>(ids->size());
-    return trainer_on(std::move(ids), 0, n);
+    return trainer_on(std::move(ids), 0, n, 0);
   }
   int64_t local_steps(int client, const v1::RoundPlan& plan) const override {
     const auto k = static_cast<size_t>(client);
@@ -253,7 +269,14 @@ class ShakespeareTask final : public SimTask {
                           100.0 * static_cast<double>(model_->num_trainable_parameters()) /
                               static_cast<double>(model_->num_parameters()))
             : "",
-        fused_ ? fmt::format(", clients train on cuda:{} (fused engine)", fused_->gpu) : "");
+        fused_ ? fmt::format(
+                     ", {} on cuda:{} (fused engine{})", spread_gpus_ ? "clients train" : "trains",
+                     fused_->gpus.empty() ? "0" : fmt::format("{}", fmt::join(fused_->gpus, ",")),
+                     fused_->gpus.size() <= 1 ? ""
+                     : spread_gpus_
+                         ? ": virtual client k on GPU k mod " + std::to_string(fused_->gpus.size())
+                         : ", data parallel")
+               : "");
   }
 
  private:
@@ -266,6 +289,7 @@ class ShakespeareTask final : public SimTask {
   std::vector<std::string> names_;
   int64_t minor_;
   edge_client::GptTrainerOptions options_;
+  bool spread_gpus_;                               // TaskUse::kSimulation
   std::optional<edge_client::FusedDevice> fused_;  // [client] device "cuda"
   std::unique_ptr<models::Gpt> model_;             // evaluation only
   compress::Layout layout_;
@@ -361,8 +385,8 @@ Result<std::unique_ptr<SimTask>> make_text_task(const v1::FederationConfig& c,
   }
   auto task = std::make_unique<ShakespeareTask>(
       c, std::move(tok), std::move(train), std::move(bounds), std::move(test), std::move(names),
-      roles.minor_roles, std::move(base), std::move(lora), std::move(corpus));
-  if (use == TaskUse::kSimulation) RETURN_IF_ERROR(task->check_device(source));
+      roles.minor_roles, std::move(base), std::move(lora), std::move(corpus), use);
+  if (use != TaskUse::kServer) RETURN_IF_ERROR(task->check_device(source));
   return std::unique_ptr<SimTask>(std::move(task));
 }
 
@@ -371,7 +395,15 @@ Result<std::unique_ptr<edge_client::LocalTrainer>> make_text_client_trainer(
     std::string* describe) {
   v1::FederationConfig c = config;
   c.mutable_eval()->set_every_rounds(0);  // evaluation is the aggregator's
-  ASSIGN_OR_RETURN(auto task, make_text_task(c, source, TaskUse::kSimulation));
+  const int gpus = c.client().device() == "cuda" ? c.client().gpus_size() : 0;
+  if (gpus > 1 && c.local().batch_size() % static_cast<uint32_t>(gpus) != 0) {
+    return invalid_argument(std::string(source) +
+                            ": key 'local.batch_size' = " + std::to_string(c.local().batch_size()) +
+                            " does not split over the " + std::to_string(gpus) +
+                            " GPUs of key 'client.gpus' (each data-parallel rank takes "
+                            "batch_size / GPUs rows)");
+  }
+  ASSIGN_OR_RETURN(auto task, make_text_task(c, source, TaskUse::kClient));
   if (!c.data().path().empty()) {
     std::string what;
     ASSIGN_OR_RETURN(auto trainer, task->make_local_trainer(c.data().path(), &what), source);

@@ -105,7 +105,7 @@ Result<ImageSplits> load_image_splits(const v1::FederationConfig& c, std::string
                                       TaskUse use) {
   const std::string ctx = std::string(source) + ": data";
   ImageSplits s;
-  if (use == TaskUse::kSimulation) {
+  if (use != TaskUse::kServer) {
     ASSIGN_OR_RETURN(s.train, aggregator::load_split(c, true), ctx);
     ASSIGN_OR_RETURN(s.parts, aggregator::make_partition(c, *s.train), ctx);
   }

@@ -24,9 +24,12 @@ struct TaskEval {
 };
 
 // What a task is made for. kSimulation: every client's training data is loaded (virtual clients
-// train on it). kServer: the aggregator's view (model, evaluation, save): image kinds then load
-// the test split alone, and make_trainer, make_central_trainer and local_steps must not be called.
-enum class TaskUse { kSimulation, kServer };
+// train on it); with [client] device "cuda", virtual client k trains on GPU gpus[k % gpus].
+// kClient: one edge client's trainer (`starling client`, `starling peer`): the data as for a
+// simulation, and [client] gpus are that one client's data-parallel ranks. kServer: the
+// aggregator's view (model, evaluation, save): image kinds then load the test split alone, and
+// make_trainer, make_central_trainer and local_steps must not be called.
+enum class TaskUse { kSimulation, kClient, kServer };
 
 // The task of one model kind (sim/model_kind.h): what every role asks of the model a federation
 // trains.

@@ -188,10 +188,14 @@ int run_check(const ClientArgs& args) {
   // missing GPU that device "cuda" needs fails the trainer's line above; this one informs.
   {
     const bool cuda = s->cfg.client().device() == "cuda";
+    const auto& ids = s->cfg.client().gpus();
     const std::string runs =
-        cuda ? fmt::format("the client trains on cuda:{}",
-                           s->cfg.client().gpus().empty() ? 0u : s->cfg.client().gpus(0))
-             : std::string("the client trains on the CPU");
+        !cuda            ? std::string("the client trains on the CPU")
+        : ids.size() > 1 ? fmt::format(
+                               "the client trains on cuda:{} (data parallel, one rank "
+                               "per GPU)",
+                               fmt::join(ids, ","))
+                         : fmt::format("the client trains on cuda:{}", ids.empty() ? 0u : ids[0]);
     std::string gpus;
     if (!cuda::built_with_cuda()) {
       gpus = "none usable: this starling was built without CUDA; " + runs;

@@ -31,6 +31,8 @@ struct PeerArgs {
   int partition = -1;
   uint32_t num_rounds = 0;
   std::string metrics;
+  std::string device;          // empty: [peer] device
+  std::vector<uint32_t> gpus;  // empty: [peer] gpus
 };
 
 Status run_simulated(const v1::GossipConfig& cfg) {
@@ -61,6 +63,14 @@ Status run_peer(const PeerArgs& args) {
                    : cfg.mutable_peer()->mutable_metrics_path())
         ->assign(args.metrics);
   }
+  if (!args.device.empty() || !args.gpus.empty()) {
+    if (!args.device.empty()) cfg.mutable_peer()->set_device(args.device);
+    if (!args.gpus.empty()) {
+      cfg.mutable_peer()->clear_gpus();
+      for (uint32_t g : args.gpus) cfg.mutable_peer()->add_gpus(g);
+    }
+    RETURN_IF_ERROR(gossip::validate_gossip_config(cfg, args.config + " with --device/--gpus"));
+  }
   if (args.simulate) return run_simulated(cfg);
 
   ASSIGN_OR_RETURN(
@@ -82,8 +92,9 @@ Status run_peer(const PeerArgs& args) {
                             std::to_string(cfg.data().num_clients()));
   }
   const bool trains = cfg.task().kind() != v1::GossipTaskConfig::CONSENSUS;
-  ASSIGN_OR_RETURN(auto task, gossip::GossipTask::create(
-                                  cfg, static_cast<int>(cfg.data().num_clients()), trains));
+  ASSIGN_OR_RETURN(
+      auto task, gossip::GossipTask::create(cfg, static_cast<int>(cfg.data().num_clients()), trains,
+                                            /*one_peer=*/true));
   spdlog::info("peer: {}", task->describe());
   ASSIGN_OR_RETURN(auto server_ctx, net::make_tls_context(tls, net::TlsSide::kServer));
   ASSIGN_OR_RETURN(auto client_ctx, net::make_tls_context(tls, net::TlsSide::kClient));
@@ -181,6 +192,12 @@ void register_peer(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--partition", args->partition,
                   "Which data partition to train on (default: [peer].partition_index)");
   cmd->add_option("--num-rounds", args->num_rounds, "Override [rounds].num_rounds");
+  cmd->add_option("--device", args->device,
+                  "Where the built-in trainer runs: cpu or cuda (overrides [peer] device)");
+  cmd->add_option("--gpus", args->gpus,
+                  "The GPUs of --device cuda, e.g. --gpus 0 or 0,1 (data parallel; with "
+                  "--simulate the peers spread over them; overrides [peer] gpus)")
+      ->delimiter(',');
   cmd->add_option("--metrics", args->metrics,
                   "JSON-lines metrics file (overrides [peer].metrics_path, or "
                   "[simulate].metrics_path with --simulate)");

@@ -55,9 +55,13 @@ TEST_CASE("cli: a GPU asked for where there is none is an error naming the key",
   r = run_starling("simulate -q -c " + cfg.string() + out + " --device tpu");
   CHECK(r.rc != 0);
   CHECK_THAT(r.out, Contains("client.device") && Contains("\"cpu\" or \"cuda\""));
+  // Several GPUs: virtual clients spread over them, each checked (none here).
   r = run_starling("simulate -q -c " + cfg.string() + out + " --device cuda --gpus 0,1");
   CHECK(r.rc != 0);
-  CHECK_THAT(r.out, Contains("client.gpus"));
+  CHECK_THAT(r.out, Contains("client.device") && Contains("cuda"));
+  r = run_starling("simulate -q -c " + cfg.string() + out + " --device cuda --gpus 1,0,1");
+  CHECK(r.rc != 0);
+  CHECK_THAT(r.out, Contains("client.gpus") && Contains("twice"));
   r = run_starling("simulate -q -c " + cfg.string() + out + " --gpus 0");
   CHECK(r.rc != 0);
   CHECK_THAT(r.out, Contains("client.gpus") && Contains("applies to client.device"));

@@ -46,6 +46,20 @@ TEST_CASE("gossip config: bad values and keys are errors naming the key", "[goss
                           "peer.fail_timeout_ms", "local.final_lr_fraction"}) {
     REQUIRE_THAT(st.message(), Catch::Contains(std::string("'") + key + "'"));
   }
+  // Where the trainer runs: "cpu" or "cuda", the GPU for the federations' model kinds only, and
+  // GPUs only with "cuda".
+  c = v1::GossipConfig();
+  c.mutable_peer()->set_device("tpu");
+  CHECK_THAT(validate_gossip_config(c, "t.toml").message(),
+             Catch::Contains("'peer.device'") && Catch::Contains("\"cpu\" or \"cuda\""));
+  c.mutable_peer()->set_device("cuda");  // task.kind MNIST by default
+  CHECK_THAT(validate_gossip_config(c, "t.toml").message(),
+             Catch::Contains("'peer.device'") && Catch::Contains("FEDERATED"));
+  c.mutable_task()->set_kind(v1::GossipTaskConfig::FEDERATED);
+  CHECK(validate_gossip_config(c, "t.toml").ok());
+  c.mutable_peer()->set_device("cpu");
+  c.mutable_peer()->add_gpus(0);
+  CHECK_THAT(validate_gossip_config(c, "t.toml").message(), Catch::Contains("'peer.gpus'"));
 }
 
 TEST_CASE("gossip messages: corrupt or mis-sized payloads are errors, never crashes", "[gossip]") {

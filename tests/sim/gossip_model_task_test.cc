@@ -50,7 +50,7 @@ TEST_CASE("gossip: peers fine-tune LoRA adapters on a pretrained GPT and gossip 
   register_gossip_model_tasks();
   const v1::GossipConfig c = lora_gossip();
   REQUIRE(gossip::validate_gossip_config(c, "lora_gossip.toml").ok());
-  auto task = gossip::GossipTask::create(c, 3, true);
+  auto task = gossip::GossipTask::create(c, 3, true, false);
   REQUIRE(task.ok());
   CHECK((*task)->trains());
   // The exchanged vector is the adapters: 2 blocks x 4 projections x (A, B) of rank 4.
@@ -84,9 +84,27 @@ TEST_CASE("gossip: [lora] is refused outside task.kind FEDERATED, and bad keys a
   if (!have_shakespeare()) return;
   c = lora_gossip();
   c.mutable_model()->set_n_embd(64);  // the base has 32
-  auto t = gossip::GossipTask::create(c, 3, true);
+  auto t = gossip::GossipTask::create(c, 3, true, false);
   REQUIRE_FALSE(t.ok());
   CHECK_THAT(t.status().message(), Contains("model.n_embd") && Contains("has 32"));
+}
+
+TEST_CASE("gossip: a peer on a GPU that is not there is an error naming [peer]'s key",
+          "[sim][gossip]") {
+  if (!have_shakespeare()) return;
+  register_gossip_model_tasks();
+  v1::GossipConfig c = lora_gossip();
+  c.clear_lora();  // LoRA trains on the CPU engine only
+  c.mutable_peer()->set_device("cuda");
+  c.mutable_peer()->add_gpus(97);
+  REQUIRE(gossip::validate_gossip_config(c, "g.toml").ok());
+  // One peer (its own data-parallel GPUs) and a simulation (peers spread over them) alike.
+  for (bool one_peer : {true, false}) {
+    auto t = gossip::GossipTask::create(c, 3, true, one_peer);
+    REQUIRE_FALSE(t.ok());
+    CHECK_THAT(t.status().message(), Contains("'peer.device'") && Contains("cuda"));
+    CHECK_THAT(t.status().message(), !Contains("client.device"));
+  }
 }
 
 }  // namespace

@@ -145,6 +145,29 @@ TEST_CASE("model kinds: a GPT client's trainer trains as the simulation's", "[si
   check_client_matches_simulation(parse(kGpt), 2);
 }
 
+TEST_CASE("model kinds: a GPT client on several GPUs needs a batch that splits over them",
+          "[sim]") {
+  auto dir = data::resolve_data_dir("");
+  if (!dir.ok()) return;
+  auto c = parse(kGpt);
+  c.mutable_model()->set_local_optimizer(v1::FedModelConfig::ADAMW);
+  c.mutable_client()->set_device("cuda");
+  for (uint32_t g : {0u, 1u, 2u}) c.mutable_client()->add_gpus(g);
+  auto kind = model_kind(c, "kind.toml");
+  REQUIRE(kind.ok());
+  std::string what;
+  // 4 rows over 3 GPUs: refused before any GPU is looked for.
+  auto t = (*kind)->make_client_trainer(c, "kind.toml", 0, &what);
+  REQUIRE_FALSE(t.ok());
+  CHECK_THAT(t.status().message(),
+             Contains("kind.toml") && Contains("local.batch_size") && Contains("client.gpus"));
+  // 6 rows split: then the GPUs are looked for (none on the machines the suite runs on, or a
+  // build without CUDA), an error naming the key, never a silent CPU run.
+  c.mutable_local()->set_batch_size(6);
+  t = (*kind)->make_client_trainer(c, "kind.toml", 0, &what);
+  if (!t.ok()) CHECK_THAT(t.status().message(), Contains("client.device"));
+}
+
 TEST_CASE(
     "model kinds: the aggregator's view of an image task loads no training data and "
     "agrees with the simulation's",

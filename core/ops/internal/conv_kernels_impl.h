@@ -185,11 +185,14 @@ inline void weight_grad_tile(const WeightGradArgs& a, int64_t o, const int64_t* 
       }
     }
   }
+  // Where rows are as wide as the output (1x1, no padding), an image is one run of positions.
+  const bool one_run = a.wp == a.wo;
+  const int64_t ny = one_run ? 1 : a.ho, nx = one_run ? a.ho * a.wo : a.wo;
   for (int64_t b = 0; b < (KW > 1 ? 0 : a.images); ++b) {
     const float* xb = a.x + b * a.x_image;
-    for (int64_t y = 0; y < a.ho; ++y) {
+    for (int64_t y = 0; y < ny; ++y) {
       const float* xy = xb + y * a.wp;
-      for (int64_t xo = 0; xo < a.wo; ++xo, g += a.co_stride) {
+      for (int64_t xo = 0; xo < nx; ++xo, g += a.co_stride) {
         const typename V::T gv = V::load(g);
         for (int r = 0; r < NR; ++r) {
           const float* xr = xy + roff[r] + xo;
