@@ -142,8 +142,11 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
   const bool cuda = c.client().device() == "cuda";
   check(cuda || c.client().device() == "cpu", "client.device", "must be \"cpu\" or \"cuda\"");
   if (cuda) {
-    check(c.model().arch() == v1::FedModelConfig::GPT, "client.device",
-          "\"cuda\" trains model.arch GPT only for now (the other kinds train on the CPU)");
+    check(
+        c.model().arch() == v1::FedModelConfig::GPT || c.model().arch() == v1::FedModelConfig::MDLM,
+        "client.device",
+        "\"cuda\" trains model.arch GPT and MDLM (the fused engine) for now; the other kinds "
+        "train on the CPU");
     check(c.model().local_optimizer() == v1::FedModelConfig::ADAMW, "model.local_optimizer",
           "must be \"ADAMW\" with client.device \"cuda\" (the fused engine's optimizer)");
     check(c.local().prox_mu() == 0, "local.prox_mu",

@@ -20,12 +20,25 @@ compress::Layout layout_of_fused(const models::GptConfig& config) {
   return layout;
 }
 
-Result<std::unique_ptr<models::FusedBackend>> make_backend(const FusedDevice& d, int rank) {
-  if (!d.cuda) return models::make_fused_cpu_backend();
-  return models::make_fused_cuda_backend(d.gpu(rank));
+}  // namespace
+
+Result<std::unique_ptr<models::FusedBackend>> make_fused_backend(const FusedDevice& device,
+                                                                 int rank) {
+  if (!device.cuda) return models::make_fused_cpu_backend();
+  return models::make_fused_cuda_backend(device.gpu(rank));
 }
 
-}  // namespace
+std::string fused_device_name(const FusedDevice& device, const models::FusedBackend& backend) {
+  const int ranks = device.ranks();
+  if (!device.cuda) {
+    return ranks == 1 ? "fused CPU engine"
+                      : "fused CPU engine, data parallel over " + std::to_string(ranks) + " ranks";
+  }
+  std::string ids;
+  for (int r = 0; r < ranks; ++r) ids += (r ? "," : "") + std::to_string(device.gpu(r));
+  return "cuda:" + ids + " (" + backend.name() + ", fused engine" +
+         (ranks > 1 ? ", data parallel over " + std::to_string(ranks) + " GPUs" : "") + ")";
+}
 
 Result<std::unique_ptr<FusedGptTrainer>> FusedGptTrainer::create(
     std::shared_ptr<const std::vector<int32_t>> tokens, int64_t begin, int64_t end,
@@ -62,21 +75,10 @@ Result<std::unique_ptr<FusedGptTrainer>> FusedGptTrainer::create(
     RETURN_IF_ERROR(models::FusedReplicas::check_gpus(device.gpus), "key 'client.gpus'");
   }
   for (int r = 0; r < ranks; ++r) {
-    ASSIGN_OR_RETURN(auto backend, make_backend(device, r));
+    ASSIGN_OR_RETURN(auto backend, make_fused_backend(device, r));
     trainer->backends_.push_back(std::move(backend));
   }
-  const std::string name = trainer->backends_[0]->name();
-  if (!device.cuda) {
-    trainer->where_ =
-        ranks == 1 ? "fused CPU engine"
-                   : "fused CPU engine, data parallel over " + std::to_string(ranks) + " ranks";
-  } else {
-    std::string ids;
-    for (int r = 0; r < ranks; ++r) ids += (r ? "," : "") + std::to_string(device.gpu(r));
-    trainer->where_ = "cuda:" + ids + " (" + name + ", fused engine" +
-                      (ranks > 1 ? ", data parallel over " + std::to_string(ranks) + " GPUs" : "") +
-                      ")";
-  }
+  trainer->where_ = fused_device_name(device, *trainer->backends_[0]);
   return trainer;
 }
 
@@ -109,7 +111,7 @@ Status FusedGptTrainer::ensure_engine(int64_t batch) {
     if (static_cast<size_t>(r) < backends_.size() && backends_[static_cast<size_t>(r)]) {
       backend = std::move(backends_[static_cast<size_t>(r)]);
     } else {
-      ASSIGN_OR_RETURN(backend, make_backend(device_, r));
+      ASSIGN_OR_RETURN(backend, make_fused_backend(device_, r));
     }
     return models::FusedGpt::make(options_.model, batch / ranks, options_.model.block_size, 0,
                                   std::move(backend));

@@ -32,6 +32,14 @@ struct FusedDevice {
   int gpu(int rank) const { return gpus.empty() ? 0 : gpus[static_cast<size_t>(rank)]; }
 };
 
+// The backend of rank `rank` on `device`: the CPU backend, or the CUDA backend on its GPU (the
+// backend's error when that GPU is missing).
+Result<std::unique_ptr<models::FusedBackend>> make_fused_backend(const FusedDevice& device,
+                                                                 int rank);
+// Where a fused trainer on `device` runs, e.g. "fused CPU engine" or "cuda:0,1 (NVIDIA H200, fused
+// engine, data parallel over 2 GPUs)"; `backend` names the first rank's backend.
+std::string fused_device_name(const FusedDevice& device, const models::FusedBackend& backend);
+
 class FusedGptTrainer : public LocalTrainer {
  public:
   // Trains on tokens[begin, end) of the shared stream. FailedPrecondition naming the key for

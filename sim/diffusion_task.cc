@@ -9,6 +9,7 @@
 #include "core/data/data_dir.h"
 #include "core/data/local_data.h"
 #include "edge_client/ddpm_trainer.h"
+#include "edge_client/fused_mdlm_trainer.h"
 #include "edge_client/gpt_trainer.h"
 #include "edge_client/mdlm_trainer.h"
 #include "edge_client/model_params.h"
@@ -17,6 +18,7 @@
 #include "models/mdlm/checkpoint.h"
 #include "models/mdlm/trainer.h"
 #include "sim/mnist_task.h"
+#include "sim/task_device.h"
 
 namespace starling::sim {
 namespace {
@@ -28,7 +30,7 @@ class MdlmTask final : public SimTask {
  public:
   MdlmTask(const v1::FederationConfig& c, data::CharTokenizer tok,
            std::shared_ptr<const std::vector<int32_t>> train, std::vector<int64_t> bounds,
-           std::vector<int32_t> test, std::vector<std::string> names, int64_t minor)
+           std::vector<int32_t> test, std::vector<std::string> names, int64_t minor, TaskUse use)
       : config_(c),
         tokenizer_(std::move(tok)),
         train_(std::move(train)),
@@ -38,7 +40,8 @@ class MdlmTask final : public SimTask {
         minor_(minor),
         options_(edge_client::mdlm_trainer_options(c, tokenizer_.vocab_size())),
         model_(std::make_unique<models::Mdlm>(options_.model, c.model().seed())),
-        layout_(edge_client::layout_of(*model_)) {}
+        layout_(edge_client::layout_of(*model_)),
+        device_(c, use) {}
 
   int num_clients() const override { return static_cast<int>(names_.size()); }
   const compress::Layout& layout() const override { return layout_; }
@@ -47,7 +50,31 @@ class MdlmTask final : public SimTask {
   }
   std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const override {
     const auto k = static_cast<size_t>(client);
-    return std::make_unique<edge_client::MdlmTrainer>(train_, bounds_[k], bounds_[k + 1], options_);
+    return trainer_on(train_, bounds_[k], bounds_[k + 1], client);
+  }
+  // The autograd MdlmTrainer on the CPU, the fused engine on device_.of(client)'s GPU. A GPU
+  // that went away after the task was made fails every round with the reason.
+  std::unique_ptr<edge_client::LocalTrainer> trainer_on(
+      std::shared_ptr<const std::vector<int32_t>> tokens, int64_t begin, int64_t end,
+      int client) const {
+    if (!device_.fused()) {
+      return std::make_unique<edge_client::MdlmTrainer>(std::move(tokens), begin, end, options_);
+    }
+    auto t = edge_client::FusedMdlmTrainer::create(std::move(tokens), begin, end, options_,
+                                                   device_.of(client));
+    if (t.ok()) return std::move(*t);
+    return std::make_unique<FailedTrainer>(layout_, t.status());
+  }
+  // Whether [client] device can train here, naming `source` and the key.
+  Status check_device(std::string_view source) const {
+    for (const auto& d : device_.to_check()) {
+      auto t = edge_client::FusedMdlmTrainer::create(train_, bounds_.front(), bounds_.back(),
+                                                     options_, d);
+      if (!t.ok()) {
+        return t.status().with_context(std::string(source) + ": key 'client.device' = \"cuda\"");
+      }
+    }
+    return ok_status();
   }
   Result<std::unique_ptr<edge_client::LocalTrainer>> make_local_trainer(
       const std::filesystem::path& path, std::string* describe) const override {
@@ -56,8 +83,7 @@ class MdlmTask final : public SimTask {
     *describe =
         fmt::format("local data {} ({} characters, never uploaded)", path.string(), ids.size());
     const auto n = static_cast<int64_t>(ids.size());
-    return std::unique_ptr<edge_client::LocalTrainer>(std::make_unique<edge_client::MdlmTrainer>(
-        std::make_shared<const std::vector<int32_t>>(std::move(ids)), 0, n, options_));
+    return trainer_on(std::make_shared<const std::vector<int32_t>>(std::move(ids)), 0, n, 0);
   }
   int64_t local_steps(int client, const v1::RoundPlan& plan) const override {
     const auto k = static_cast<size_t>(client);
@@ -87,12 +113,12 @@ class MdlmTask final : public SimTask {
   std::string describe() const override {
     return fmt::format(
         "Tiny Shakespeare by speaking role: {} clients ({} train characters; {} minor roles {}), "
-        "MDLM ({} noise) L={} H={} C={} T={}, {} parameters",
+        "MDLM ({} noise) L={} H={} C={} T={}, {} parameters{}",
         names_.size(), train_->size(), minor_,
         config_.data().merge_minor_roles() ? "merged" : "dropped",
         options_.model.noise == models::DiffusionNoise::kAbsorbing ? "absorbing" : "uniform",
         options_.model.n_layer, options_.model.n_head, options_.model.n_embd,
-        options_.model.block_size, model_->num_parameters());
+        options_.model.block_size, model_->num_parameters(), device_.describe());
   }
 
  private:
@@ -106,6 +132,7 @@ class MdlmTask final : public SimTask {
   edge_client::MdlmTrainerOptions options_;
   std::unique_ptr<models::Mdlm> model_;  // evaluation only
   compress::Layout layout_;
+  TaskDevice device_;  // [client] device and gpus
 };
 
 class DdpmTask final : public SimTask {
@@ -185,17 +212,16 @@ class DdpmTask final : public SimTask {
 
 }  // namespace
 
-Result<std::unique_ptr<SimTask>> make_mdlm_task(const v1::FederationConfig& c,
-                                                std::string_view source, data::CharTokenizer tok,
-                                                std::shared_ptr<const std::vector<int32_t>> train,
-                                                std::vector<int64_t> bounds,
-                                                std::vector<int32_t> test,
-                                                std::vector<std::string> names, int64_t minor) {
+Result<std::unique_ptr<SimTask>> make_mdlm_task(
+    const v1::FederationConfig& c, std::string_view source, data::CharTokenizer tok,
+    std::shared_ptr<const std::vector<int32_t>> train, std::vector<int64_t> bounds,
+    std::vector<int32_t> test, std::vector<std::string> names, int64_t minor, TaskUse use) {
   const Status st = edge_client::mdlm_trainer_options(c, tok.vocab_size()).model.validate();
   if (!st.ok()) return invalid_argument(std::string(source) + ": model: " + st.message());
-  return std::unique_ptr<SimTask>(new MdlmTask(c, std::move(tok), std::move(train),
-                                               std::move(bounds), std::move(test), std::move(names),
-                                               minor));
+  auto task = std::make_unique<MdlmTask>(c, std::move(tok), std::move(train), std::move(bounds),
+                                         std::move(test), std::move(names), minor, use);
+  if (use != TaskUse::kServer) RETURN_IF_ERROR(task->check_device(source));
+  return std::unique_ptr<SimTask>(std::move(task));
 }
 
 Status check_ddpm_images(const v1::FederationConfig& c, std::string_view source,

@@ -15,13 +15,13 @@
 namespace starling::sim {
 
 // The MDLM over the role split that make_shakespeare loaded: client k trains on
-// train[bounds[k], bounds[k + 1]); `test` is every role's held-out tail.
-Result<std::unique_ptr<SimTask>> make_mdlm_task(const v1::FederationConfig& config,
-                                                std::string_view source, data::CharTokenizer tok,
-                                                std::shared_ptr<const std::vector<int32_t>> train,
-                                                std::vector<int64_t> bounds,
-                                                std::vector<int32_t> test,
-                                                std::vector<std::string> names, int64_t minor);
+// train[bounds[k], bounds[k + 1]); `test` is every role's held-out tail. With [client] device
+// "cuda" its trainers are the fused engine's (edge_client::FusedMdlmTrainer), each GPU checked
+// unless `use` is kServer.
+Result<std::unique_ptr<SimTask>> make_mdlm_task(
+    const v1::FederationConfig& config, std::string_view source, data::CharTokenizer tok,
+    std::shared_ptr<const std::vector<int32_t>> train, std::vector<int64_t> bounds,
+    std::vector<int32_t> test, std::vector<std::string> names, int64_t minor, TaskUse use);
 
 // The images of [data] fit [model.ddpm] image_size / image_channels (the error names `source`
 // and the keys). An edge client checks its own examples with it before training.

@@ -14,28 +14,12 @@
 #include "edge_client/exec_trainer.h"
 #include "edge_client/fed_config.h"
 #include "edge_client/model_params.h"
+#include "sim/task_device.h"
 
 namespace starling::sim {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Stands in for a client whose exec trainer could not be made: every round is lost, with why.
-class FailingTrainer final : public edge_client::LocalTrainer {
- public:
-  FailingTrainer(compress::Layout layout, Status why)
-      : layout_(std::move(layout)), why_(std::move(why)) {}
-  const compress::Layout& layout() const override { return layout_; }
-  Result<edge_client::TrainReport> train(std::span<const float>, const v1::RoundPlan&,
-                                         std::span<float>) override {
-    return why_;
-  }
-  bool round_failures_recoverable() const override { return true; }
-
- private:
-  compress::Layout layout_;
-  Status why_;
-};
 
 std::string joined(const google::protobuf::RepeatedPtrField<std::string>& argv) {
   std::string out;
@@ -65,7 +49,8 @@ class ExternalTask final : public SimTask {
                                                      scratch_ / node);
     if (!config_.client().trainer_dir().empty()) options.dir = options.dir / node;
     auto t = edge_client::ExecTrainer::create(layout_, std::move(options));
-    if (!t.ok()) return std::make_unique<FailingTrainer>(layout_, t.status());
+    if (!t.ok())  // A client whose exec trainer could not be made: every round is lost, with why.
+      return std::make_unique<FailedTrainer>(layout_, t.status(), /*recoverable=*/true);
     return std::move(*t);
   }
   int64_t local_steps(int client, const v1::RoundPlan& plan) const override {

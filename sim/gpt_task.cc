@@ -28,25 +28,10 @@
 #include "models/gpt/hf.h"
 #include "models/gpt/lora.h"
 #include "sim/diffusion_task.h"
+#include "sim/task_device.h"
 
 namespace starling::sim {
 namespace {
-
-// A trainer that could not be made: every round fails with the reason.
-class FailedTrainer final : public edge_client::LocalTrainer {
- public:
-  FailedTrainer(compress::Layout layout, Status why)
-      : layout_(std::move(layout)), why_(std::move(why)) {}
-  const compress::Layout& layout() const override { return layout_; }
-  Result<edge_client::TrainReport> train(std::span<const float>, const v1::RoundPlan&,
-                                         std::span<float>) override {
-    return why_;
-  }
-
- private:
-  compress::Layout layout_;
-  Status why_;
-};
 
 // The token ids of a client's own text for a language model of `tok`.
 Result<std::shared_ptr<const std::vector<int32_t>>> local_tokens(const std::filesystem::path& path,
@@ -83,7 +68,7 @@ class ShakespeareTask final : public SimTask {
         test_(std::move(test)),
         names_(std::move(names)),
         minor_(minor),
-        spread_gpus_(use == TaskUse::kSimulation) {
+        device_(c, use) {
     if (base) {
       options_.model = base->config();
       options_.model.dropout = 0.0;
@@ -110,10 +95,6 @@ class ShakespeareTask final : public SimTask {
     options_.weight_decay = steps.weight_decay;
     model_ = new_model(c.model().seed());
     layout_ = edge_client::layout_of(*model_);
-    if (c.client().device() == "cuda") {
-      fused_ = edge_client::FusedDevice{true, {}, 1};
-      for (uint32_t g : c.client().gpus()) fused_->gpus.push_back(static_cast<int>(g));
-    }
   }
 
   int num_clients() const override { return static_cast<int>(names_.size()); }
@@ -142,34 +123,25 @@ class ShakespeareTask final : public SimTask {
   std::unique_ptr<edge_client::LocalTrainer> make_central_trainer() const override {
     return trainer_on(train_, bounds_.front(), bounds_.back(), 0);
   }
-  // Where client `client` trains: in a simulation, virtual clients spread over [client] gpus
-  // (client k on gpus[k % n], one GPU each); an edge client's trainer takes them all as
-  // data-parallel ranks.
-  edge_client::FusedDevice device_of(int client) const {
-    edge_client::FusedDevice d = *fused_;
-    if (spread_gpus_ && d.gpus.size() > 1)
-      d.gpus = {d.gpus[static_cast<size_t>(client) % d.gpus.size()]};
-    return d;
-  }
   // A trainer on tokens[begin, end) on [client] device: the autograd GptTrainer on the CPU, the
-  // fused engine on the GPUs of device_of(client). A GPU that went away after the task was made
+  // fused engine on the GPUs of device_.of(client). A GPU that went away after the task was made
   // fails every round with the reason (never a silent CPU run).
   std::unique_ptr<edge_client::LocalTrainer> trainer_on(
       std::shared_ptr<const std::vector<int32_t>> tokens, int64_t begin, int64_t end,
       int client) const {
-    if (!fused_) return std::make_unique<edge_client::GptTrainer>(tokens, begin, end, options_);
-    auto t = edge_client::FusedGptTrainer::create(tokens, begin, end, options_, device_of(client));
+    if (!device_.fused()) {
+      return std::make_unique<edge_client::GptTrainer>(tokens, begin, end, options_);
+    }
+    auto t = edge_client::FusedGptTrainer::create(tokens, begin, end, options_, device_.of(client));
     if (t.ok()) return std::move(*t);
     return std::make_unique<FailedTrainer>(layout_, t.status());
   }
   // Whether [client] device can train here: every GPU exists (and several join, for an edge
   // client's data parallel) and the engine takes the model. Errors name `source` and the key.
   Status check_device(std::string_view source) const {
-    if (!fused_) return ok_status();
-    const size_t devices = spread_gpus_ ? std::max<size_t>(1, fused_->gpus.size()) : 1;
-    for (size_t k = 0; k < devices; ++k) {
+    for (const auto& d : device_.to_check()) {
       auto t = edge_client::FusedGptTrainer::create(train_, bounds_.front(), bounds_.back(),
-                                                    options_, device_of(static_cast<int>(k)));
+                                                    options_, d);
       if (!t.ok()) {
         return t.status().with_context(std::string(source) + ": key 'client.device' = \"cuda\"");
       }
@@ -269,14 +241,7 @@ class ShakespeareTask final : public SimTask {
                           100.0 * static_cast<double>(model_->num_trainable_parameters()) /
                               static_cast<double>(model_->num_parameters()))
             : "",
-        fused_ ? fmt::format(
-                     ", {} on cuda:{} (fused engine{})", spread_gpus_ ? "clients train" : "trains",
-                     fused_->gpus.empty() ? "0" : fmt::format("{}", fmt::join(fused_->gpus, ",")),
-                     fused_->gpus.size() <= 1 ? ""
-                     : spread_gpus_
-                         ? ": virtual client k on GPU k mod " + std::to_string(fused_->gpus.size())
-                         : ", data parallel")
-               : "");
+        device_.describe());
   }
 
  private:
@@ -289,9 +254,8 @@ class ShakespeareTask final : public SimTask {
   std::vector<std::string> names_;
   int64_t minor_;
   edge_client::GptTrainerOptions options_;
-  bool spread_gpus_;                               // TaskUse::kSimulation
-  std::optional<edge_client::FusedDevice> fused_;  // [client] device "cuda"
-  std::unique_ptr<models::Gpt> model_;             // evaluation only
+  TaskDevice device_;                   // [client] device and gpus
+  std::unique_ptr<models::Gpt> model_;  // evaluation only
   compress::Layout layout_;
 };
 
@@ -381,7 +345,7 @@ Result<std::unique_ptr<SimTask>> make_text_task(const v1::FederationConfig& c,
   }
   if (c.model().arch() == v1::FedModelConfig::MDLM) {
     return make_mdlm_task(c, source, std::move(chars), std::move(train), std::move(bounds),
-                          std::move(test), std::move(names), roles.minor_roles);
+                          std::move(test), std::move(names), roles.minor_roles, use);
   }
   auto task = std::make_unique<ShakespeareTask>(
       c, std::move(tok), std::move(train), std::move(bounds), std::move(test), std::move(names),

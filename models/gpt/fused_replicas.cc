@@ -126,8 +126,8 @@ Result<double> FusedReplicas::loss(const int32_t* idx, const int32_t* targets, s
   const size_t rows = count / t, n = static_cast<size_t>(ranks());
   if (count % t != 0 || rows % n != 0 || rows / n > static_cast<size_t>(rows_per_rank())) {
     return invalid_argument("an evaluation batch of " + std::to_string(rows) +
-                            " rows does not split over " + std::to_string(n) + " ranks of at most " +
-                            std::to_string(rows_per_rank()) + " rows");
+                            " rows does not split over " + std::to_string(n) +
+                            " ranks of at most " + std::to_string(rows_per_rank()) + " rows");
   }
   const size_t slice = rows / n * t;
   std::vector<double> losses(n);

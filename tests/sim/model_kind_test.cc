@@ -168,6 +168,34 @@ TEST_CASE("model kinds: a GPT client on several GPUs needs a batch that splits o
   if (!t.ok()) CHECK_THAT(t.status().message(), Contains("client.device"));
 }
 
+TEST_CASE("model kinds: the MDLM trains on a GPU when asked, the DDPM is refused by key", "[sim]") {
+  auto dir = data::resolve_data_dir("");
+  if (!dir.ok()) return;
+  auto c = parse(kGpt);
+  c.mutable_model()->set_arch(v1::FedModelConfig::MDLM);
+  c.mutable_model()->set_local_optimizer(v1::FedModelConfig::ADAMW);
+  c.mutable_client()->set_device("cuda");
+  // The aggregator trains nothing and checks no GPU; a simulation and a client check theirs
+  // (none on the machines the suite runs on, or a build without CUDA).
+  auto server = SimTask::create(c, "kind.toml", TaskUse::kServer);
+  INFO(server.status().to_string());
+  REQUIRE(server.ok());
+  CHECK_THAT((*server)->describe(), Contains("MDLM") && Contains("cuda:0 (fused engine)"));
+  auto simulation = SimTask::create(c, "kind.toml", TaskUse::kSimulation);
+  if (!simulation.ok()) {
+    CHECK_THAT(simulation.status().message(), Contains("kind.toml") && Contains("client.device"));
+  }
+  auto kind = model_kind(c, "kind.toml");
+  REQUIRE(kind.ok());
+  std::string what;
+  auto t = (*kind)->make_client_trainer(c, "kind.toml", 0, &what);
+  if (!t.ok()) CHECK_THAT(t.status().message(), Contains("client.device"));
+  c.mutable_model()->set_arch(v1::FedModelConfig::DDPM);
+  auto ddpm = SimTask::create(c, "kind.toml", TaskUse::kServer);
+  REQUIRE_FALSE(ddpm.ok());
+  CHECK_THAT(ddpm.status().message(), Contains("client.device") && Contains("GPT and MDLM"));
+}
+
 TEST_CASE(
     "model kinds: the aggregator's view of an image task loads no training data and "
     "agrees with the simulation's",

@@ -1,0 +1,48 @@
+#include "sim/task_device.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace starling::sim {
+
+TaskDevice::TaskDevice(const v1::FederationConfig& config, TaskUse use)
+    : spread_(use == TaskUse::kSimulation) {
+  if (config.client().device() != "cuda") return;
+  fused_ = edge_client::FusedDevice{true, {}, 1};
+  for (uint32_t g : config.client().gpus()) fused_->gpus.push_back(static_cast<int>(g));
+}
+
+edge_client::FusedDevice TaskDevice::of(int client) const {
+  edge_client::FusedDevice d = *fused_;
+  if (spread_ && d.gpus.size() > 1) {
+    d.gpus = {d.gpus[static_cast<size_t>(client) % d.gpus.size()]};
+  }
+  return d;
+}
+
+std::vector<edge_client::FusedDevice> TaskDevice::to_check() const {
+  if (!fused_) return {};
+  const size_t n = spread_ ? std::max<size_t>(1, fused_->gpus.size()) : 1;
+  std::vector<edge_client::FusedDevice> out;
+  for (size_t k = 0; k < n; ++k) out.push_back(of(static_cast<int>(k)));
+  return out;
+}
+
+std::string TaskDevice::describe() const {
+  if (!fused_) return "";
+  std::string ids;
+  for (size_t i = 0; i < fused_->gpus.size(); ++i) {
+    ids += (i ? "," : "") + std::to_string(fused_->gpus[i]);
+  }
+  if (ids.empty()) ids = "0";
+  const size_t n = fused_->gpus.size();
+  if (n <= 1) return fmt::format(", clients train on cuda:{} (fused engine)", ids);
+  if (spread_) {
+    return fmt::format(", clients train on cuda:{} (fused engine: virtual client k on GPU k mod {})",
+                       ids, n);
+  }
+  return fmt::format(", trains on cuda:{} (fused engine, data parallel)", ids);
+}
+
+}  // namespace starling::sim
