@@ -52,6 +52,7 @@ struct Row {
   std::string engine;
   double ms = 0, tokens_per_s = 0, mfu = -1, peak_gb = -1, loss = 0;
   std::string note;
+  std::string profile;  // --profile: fused_profile_table
 };
 
 // Peak dense fp32 (non-tensor-core) TFLOP/s by device name, as llm.c's mfu.h tabulates peaks;
@@ -90,7 +91,7 @@ double median(std::vector<double> v) {
 }
 
 Row run_ours(const Shape& s, int gpu, int warmup, int steps, double peak, bool bf16,
-             double* params_out) {
+             int profile_steps, double* params_out) {
   Row r;
   r.engine = bf16 ? "starling fused (bf16 linear)" : "starling fused (fp32)";
   auto backend = starling::models::make_fused_cuda_backend(gpu);
@@ -133,6 +134,18 @@ Row run_ours(const Shape& s, int gpu, int warmup, int steps, double peak, bool b
     if (it >= warmup) times.push_back(dt);
   }
   const double sec = median(times);
+  if (profile_steps > 0) {
+    // Where a step goes: each operation timed by CUDA events on the stream (the events add a
+    // little to the step; the table's shares are of the step measured above).
+    m.backend().set_profiling(true);
+    for (int it = 0; it < profile_steps; ++it) {
+      auto st = m.train_step(xs[it % 2].data(), ys[it % 2].data(), n, 1e-4, opt, 1.0);
+      if (!st.ok()) break;
+    }
+    const auto entries = m.backend().take_profile();
+    m.backend().set_profiling(false);
+    r.profile = starling::models::fused_profile_table(entries, profile_steps, sec * 1e3);
+  }
   r.ms = sec * 1e3;
   r.tokens_per_s = static_cast<double>(n) / sec;
   r.mfu = mfu(s.config, *params_out, static_cast<int64_t>(n), sec, peak);
@@ -220,6 +233,7 @@ int main(int argc, char** argv) {
   int gpu = 0, warmup = 3, steps = 10;
   std::string python = "python3", script = "bench/torch_gpt.py";
   bool no_torch = false;
+  int profile_steps = 0;
   double peak = 0.0;
   std::string precision = "bf16";
   app.add_option("--shapes", shapes, "Comma list of char, gpt2");
@@ -232,6 +246,9 @@ int main(int argc, char** argv) {
   app.add_option("--python", python, "Python with PyTorch");
   app.add_option("--torch-script", script, "Path of bench/torch_gpt.py");
   app.add_flag("--no-torch", no_torch, "Skip the PyTorch rows");
+  app.add_option("--profile", profile_steps,
+                 "After the timed steps, this many more with every operation timed (CUDA events); "
+                 "prints where a step goes, per operation");
   app.add_option("--peak-tflops", peak,
                  "Device peak for MFU at --precision (default: by device name)");
   CLI11_PARSE(app, argc, argv);
@@ -248,7 +265,7 @@ int main(int argc, char** argv) {
   std::printf(
       "| shape | engine | ms/step | tokens/s | MFU | peak mem GB | last loss | note |\n"
       "|---|---|---|---|---|---|---|---|\n");
-  std::vector<std::string> summary;
+  std::vector<std::string> summary, profiles;
   std::stringstream ss(shapes);
   std::string name;
   while (std::getline(ss, name, ',')) {
@@ -261,8 +278,13 @@ int main(int argc, char** argv) {
     }
     double params = 0.0;
     const bool bf16 = precision == "bf16";
-    const Row ours = run_ours(*s, gpu, warmup, steps, peak, bf16, &params);  // frees its memory
+    // Frees its memory.
+    const Row ours = run_ours(*s, gpu, warmup, steps, peak, bf16, profile_steps, &params);
     print_row(*s, ours);
+    if (!ours.profile.empty()) {
+      profiles.push_back("Where a step of " + s->name + " goes (" + ours.engine + ", " +
+                         std::to_string(profile_steps) + " profiled steps):\n\n" + ours.profile);
+    }
     if (no_torch) continue;
     for (const bool compile : {false, true}) {
       const Row t = run_torch(*s, python, script, compile, bf16, warmup, steps, params, peak);
@@ -278,5 +300,6 @@ int main(int argc, char** argv) {
   }
   std::printf("\n");
   for (const auto& l : summary) std::printf("%s\n", l.c_str());
+  for (const auto& p : profiles) std::printf("\n%s", p.c_str());
   return 0;
 }

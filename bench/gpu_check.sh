@@ -165,6 +165,11 @@ for mode in materialized bf16; do
     --steps "${GPT_BENCH_STEPS:-5}"
 done
 
+# Where a fused step goes, operation by operation (CUDA events around each; ours only): the char
+# GPT and GPT-2 124M, 3 profiled steps after 2 timed ones.
+step gpt_train_profile 120 "$build/bench/gpt_train_bench" --no-torch --shapes char,gpt2 \
+  --precision "${GPT_BENCH_PRECISION:-bf16}" --warmup 2 --steps 2 --profile 3
+
 # Per-op timings at GPT-2's training shapes (attention: materialized, flash fp32, flash bf16).
 step cuda_bench 120 "$build/bench/cuda_bench"
 
@@ -242,10 +247,14 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
       echo "(did not run)"
   done
   echo
+  sed -n '/^Where a step of/,$p' "$logs/gpt_train_profile.log" 2>/dev/null ||
+    echo "(gpt_train_bench --profile did not run)"
+  echo
   echo "starling train --device cuda (configs/gpt_char_cpu.toml, 200 steps): $(grep -E '^trained' "$logs/train_cuda.log" 2>/dev/null || echo 'did not finish')"
   [ -f "$logs/train_cuda_dp.log" ] && echo && echo "The same over every GPU (--gpus 0,...): $(grep -E '^trained' "$logs/train_cuda_dp.log" || echo 'did not finish')"
   echo
   echo "Federated GPT round, 2 client processes on cuda:0 (bench/fed_device_round.sh): global model vs the CPU run: $(tail -1 "$logs/fed_round_parity.log" 2>/dev/null || echo 'did not run'); clients: $(grep -h -o 'rounds took .*' "$logs/fed_round_cuda.log" 2>/dev/null | tr '\n' ' ' || echo 'did not run')"
+  [ -f "$logs/fed_round_dp_parity.log" ] && echo && echo "The same with each client data parallel over GPUs 0 and 1: $(tail -1 "$logs/fed_round_dp_parity.log")"
   echo
   echo "MDLM, char shape (T=256 L=6 H=6 C=384 B=64), bf16: starling train --device cuda: $(grep -E '^trained' "$logs/mdlm_train_cuda.log" 2>/dev/null || echo 'did not finish'); PyTorch: $(tail -1 "$logs/mdlm_torch_cuda.log" 2>/dev/null || echo 'did not run'); eval: $(grep -E '^val:' "$logs/mdlm_eval_ckpt.log" 2>/dev/null || echo 'did not run')"
 } >> bench/RESULTS.md

@@ -89,7 +89,8 @@ Result<TrainReport> FusedMdlmTrainer::train(std::span<const float> global,
   const io::StateDict sd = engine_->state_dict();
   size_t filled = 0;
   for (const auto& e : layout_) {
-    const auto it = std::find_if(sd.begin(), sd.end(), [&](const auto& kv) { return kv.first == e.name; });
+    const auto it =
+        std::find_if(sd.begin(), sd.end(), [&](const auto& kv) { return kv.first == e.name; });
     const int64_t numel = shape_numel(e.shape);
     if (it == sd.end() || it->second.numel() != numel ||
         static_cast<size_t>(e.offset + numel) > global.size()) {

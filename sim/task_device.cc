@@ -39,8 +39,8 @@ std::string TaskDevice::describe() const {
   const size_t n = fused_->gpus.size();
   if (n <= 1) return fmt::format(", clients train on cuda:{} (fused engine)", ids);
   if (spread_) {
-    return fmt::format(", clients train on cuda:{} (fused engine: virtual client k on GPU k mod {})",
-                       ids, n);
+    return fmt::format(
+        ", clients train on cuda:{} (fused engine: virtual client k on GPU k mod {})", ids, n);
   }
   return fmt::format(", trains on cuda:{} (fused engine, data parallel)", ids);
 }

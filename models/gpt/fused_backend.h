@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/ops/attention.h"
 #include "core/util/status.h"
@@ -167,8 +169,64 @@ class FusedBackend {
   virtual size_t bytes_in_use() const = 0;
   virtual size_t peak_bytes() const = 0;
 
+  // Per-operation timing for benchmarks (`gpt_train_bench --profile`). While on, the engine
+  // brackets each operation it enqueues with profile_begin / profile_end and the backend times
+  // the work between them where it runs: CUDA events on the stream (device time, no host
+  // waits until take_profile), the host clock on the CPU (operations finish when they return).
+  // Off (the default) it costs one branch per operation.
+  struct ProfileEntry {
+    std::string label;
+    double ms = 0.0;  // summed
+    int64_t calls = 0;
+  };
+  void set_profiling(bool on);
+  bool profiling() const { return profiling_; }
+  void profile_begin(const char* label);
+  void profile_end();
+  // Waits for the work, then returns the time per label since the last take, in the order the
+  // labels first appeared, and starts afresh.
+  std::vector<ProfileEntry> take_profile();
+
  protected:
+  // A point in the enqueued work, and the milliseconds between two once both are done. The
+  // default is the host clock (right for a backend whose operations finish when they return).
+  virtual std::shared_ptr<void> time_mark();
+  virtual double elapsed_ms(const std::shared_ptr<void>& from, const std::shared_ptr<void>& to);
+
   bool bf16_matmuls_ = false;
+
+ private:
+  struct Span {
+    const char* label;
+    std::shared_ptr<void> from, to;
+  };
+  bool profiling_ = false;
+  std::vector<Span> spans_;
+};
+
+// A markdown table of `entries` (one take_profile over `steps` training steps): per label its
+// calls and milliseconds per step and its share of `step_ms` (the measured wall time of one
+// step), then the sum and the rest of the step (host work, launch gaps, what no label covers).
+std::string fused_profile_table(const std::vector<FusedBackend::ProfileEntry>& entries, int steps,
+                                double step_ms);
+
+// Times the operations of its scope (FusedBackend::profile_begin / profile_end) when the
+// backend is profiling.
+class ProfileScope {
+ public:
+  ProfileScope(FusedBackend& backend, const char* label)
+      : backend_(backend), on_(backend.profiling()) {
+    if (on_) backend_.profile_begin(label);
+  }
+  ~ProfileScope() {
+    if (on_) backend_.profile_end();
+  }
+  ProfileScope(const ProfileScope&) = delete;
+  ProfileScope& operator=(const ProfileScope&) = delete;
+
+ private:
+  FusedBackend& backend_;
+  bool on_;
 };
 
 // The CPU backend: plain loops, OpenMP over rows, OpenBLAS sgemm for the products.

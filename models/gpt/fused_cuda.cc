@@ -266,6 +266,22 @@ class CudaBackend final : public FusedBackend {
     return ok_status();
   }
 
+ protected:
+  // Profiling: timed events on the stream; take_profile synchronizes before reading them.
+  std::shared_ptr<void> time_mark() override {
+    cudaEvent_t e = nullptr;
+    STARLING_CUDA_CHECK(cudaEventCreate(&e));
+    STARLING_CUDA_CHECK(cudaEventRecord(e, stream_.get()));
+    return std::shared_ptr<void>(e,
+                                 [](void* ev) { cudaEventDestroy(static_cast<cudaEvent_t>(ev)); });
+  }
+  double elapsed_ms(const std::shared_ptr<void>& from, const std::shared_ptr<void>& to) override {
+    float ms = 0.0f;
+    STARLING_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from.get()),
+                                             static_cast<cudaEvent_t>(to.get())));
+    return static_cast<double>(ms);
+  }
+
  private:
   int* valid_count() const { return static_cast<int*>(scratch_); }
   const float* dloss_one() const {

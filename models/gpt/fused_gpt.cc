@@ -12,6 +12,17 @@ namespace starling::models {
 
 namespace {
 
+// Runs `op`, one profiled operation of `label` when the backend is profiling (ProfileScope).
+template <class Op>
+void timed(FusedBackend& k, const char* label, Op&& op) {
+  ProfileScope scope(k, label);
+  op();
+}
+
+}  // namespace
+
+namespace {
+
 constexpr size_t kNormOffset = 0;  // double
 constexpr size_t kLossOffset = 8;  // float
 constexpr size_t kScalarBytes = 16;
@@ -400,30 +411,53 @@ void FusedGpt::forward() {
   const int N = B * T;
   const size_t NC = static_cast<size_t>(N) * C;
   const int P = static_cast<int>(positions_);  // row r is at position r % P
-  k.encoder_forward(a_.residual[0], a_.idx, param(wte_), param(wpe_), N / P, P, C);
+  timed(k, "embedding fwd",
+        [&] { k.encoder_forward(a_.residual[0], a_.idx, param(wte_), param(wpe_), N / P, P, C); });
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const BlockIndex& p = blocks_[l];
     const float* x = a_.residual[l];
-    k.layer_norm_forward(a_.ln1[l], a_.ln1_mean[l], a_.ln1_rstd[l], x, param(p.ln1w), param(p.ln1b),
-                         N, C);
-    k.linear_forward(a_.qkv[l], a_.ln1[l], param(p.qkvw), param(p.qkvb), N, C, 3 * C);
-    if (config_.rope) k.rope(a_.qkv[l], a_.rope_cos, a_.rope_sin, N, C, H, P, false);
-    k.attention_forward(a_.atty[l], a_.att[l], a_.qkv[l], B, T, C, H, mask_);
-    k.linear_forward(a_.tmp, a_.atty[l], param(p.attprojw), param(p.attprojb), N, C, C);
-    k.residual_add(a_.resid_mid[l], x, a_.tmp, NC);
-    k.layer_norm_forward(a_.ln2[l], a_.ln2_mean[l], a_.ln2_rstd[l], a_.resid_mid[l], param(p.ln2w),
-                         param(p.ln2b), N, C);
-    k.linear_forward(a_.fch[l], a_.ln2[l], param(p.fcw), param(p.fcb), N, C, 4 * C);
-    k.gelu_forward(a_.fch_gelu[l], a_.fch[l], 4 * NC);
-    k.linear_forward(a_.tmp, a_.fch_gelu[l], param(p.fcprojw), param(p.fcprojb), N, 4 * C, C);
-    k.residual_add(a_.residual[l + 1], a_.resid_mid[l], a_.tmp, NC);
+    timed(k, "layer_norm fwd", [&] {
+      k.layer_norm_forward(a_.ln1[l], a_.ln1_mean[l], a_.ln1_rstd[l], x, param(p.ln1w),
+                           param(p.ln1b), N, C);
+    });
+    timed(k, "linear qkv fwd", [&] {
+      k.linear_forward(a_.qkv[l], a_.ln1[l], param(p.qkvw), param(p.qkvb), N, C, 3 * C);
+    });
+    if (config_.rope) {
+      timed(k, "rope", [&] { k.rope(a_.qkv[l], a_.rope_cos, a_.rope_sin, N, C, H, P, false); });
+    }
+    timed(k, "attention fwd",
+          [&] { k.attention_forward(a_.atty[l], a_.att[l], a_.qkv[l], B, T, C, H, mask_); });
+    timed(k, "linear attn_proj fwd", [&] {
+      k.linear_forward(a_.tmp, a_.atty[l], param(p.attprojw), param(p.attprojb), N, C, C);
+    });
+    timed(k, "residual add", [&] { k.residual_add(a_.resid_mid[l], x, a_.tmp, NC); });
+    timed(k, "layer_norm fwd", [&] {
+      k.layer_norm_forward(a_.ln2[l], a_.ln2_mean[l], a_.ln2_rstd[l], a_.resid_mid[l],
+                           param(p.ln2w), param(p.ln2b), N, C);
+    });
+    timed(k, "linear fc fwd",
+          [&] { k.linear_forward(a_.fch[l], a_.ln2[l], param(p.fcw), param(p.fcb), N, C, 4 * C); });
+    timed(k, "gelu fwd", [&] { k.gelu_forward(a_.fch_gelu[l], a_.fch[l], 4 * NC); });
+    timed(k, "linear fc_proj fwd", [&] {
+      k.linear_forward(a_.tmp, a_.fch_gelu[l], param(p.fcprojw), param(p.fcprojb), N, 4 * C, C);
+    });
+    timed(k, "residual add",
+          [&] { k.residual_add(a_.residual[l + 1], a_.resid_mid[l], a_.tmp, NC); });
   }
-  k.layer_norm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, a_.residual.back(), param(lnfw_),
-                       param(lnfb_), N, C);
-  k.linear_forward(a_.logits, a_.lnf, param(wte_), nullptr, N, C, V);  // tied head
-  k.cross_entropy_forward(
-      a_.losses, reinterpret_cast<float*>(static_cast<char*>(a_.scalars) + kLossOffset), a_.logits,
-      a_.targets, weighted_ ? a_.weights : nullptr, N, static_cast<int>(loss_vocab_), V);
+  timed(k, "layer_norm fwd", [&] {
+    k.layer_norm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, a_.residual.back(), param(lnfw_),
+                         param(lnfb_), N, C);
+  });
+  timed(k, "head fwd", [&] {
+    k.linear_forward(a_.logits, a_.lnf, param(wte_), nullptr, N, C, V);  // tied head
+  });
+  timed(k, "cross_entropy fwd", [&] {
+    k.cross_entropy_forward(a_.losses,
+                            reinterpret_cast<float*>(static_cast<char*>(a_.scalars) + kLossOffset),
+                            a_.logits, a_.targets, weighted_ ? a_.weights : nullptr, N,
+                            static_cast<int>(loss_vocab_), V);
+  });
 }
 
 void FusedGpt::backward() {
@@ -434,39 +468,64 @@ void FusedGpt::backward() {
   const int N = B * T;
   const size_t NC = static_cast<size_t>(N) * C;
   const int P = static_cast<int>(positions_);
-  k.zero(grads_, num_params_ * sizeof(float));
-  k.cross_entropy_backward(a_.dlogits, a_.logits, a_.targets, weighted_ ? a_.weights : nullptr, N,
-                           static_cast<int>(loss_vocab_), V);
+  timed(k, "zero gradients", [&] { k.zero(grads_, num_params_ * sizeof(float)); });
+  timed(k, "cross_entropy bwd", [&] {
+    k.cross_entropy_backward(a_.dlogits, a_.logits, a_.targets, weighted_ ? a_.weights : nullptr, N,
+                             static_cast<int>(loss_vocab_), V);
+  });
   // The head writes dwte; the embedding backward adds to it at the end (tied weights).
-  k.linear_backward(a_.dbtc, grad(wte_), nullptr, a_.dlogits, a_.lnf, param(wte_), N, C, V);
-  k.layer_norm_backward(a_.dres, grad(lnfw_), grad(lnfb_), a_.dbtc, a_.residual.back(),
-                        param(lnfw_), a_.lnf_mean, a_.lnf_rstd, N, C);
+  timed(k, "head bwd", [&] {
+    k.linear_backward(a_.dbtc, grad(wte_), nullptr, a_.dlogits, a_.lnf, param(wte_), N, C, V);
+  });
+  timed(k, "layer_norm bwd", [&] {
+    k.layer_norm_backward(a_.dres, grad(lnfw_), grad(lnfb_), a_.dbtc, a_.residual.back(),
+                          param(lnfw_), a_.lnf_mean, a_.lnf_rstd, N, C);
+  });
   for (size_t li = blocks_.size(); li-- > 0;) {
     const BlockIndex& p = blocks_[li];
     // a_.dres holds the gradient of residual[li + 1].
-    k.linear_backward(a_.dfch, grad(p.fcprojw), grad(p.fcprojb), a_.dres, a_.fch_gelu[li],
-                      param(p.fcprojw), N, 4 * C, C);
-    k.gelu_backward(a_.dfch, a_.dfch, a_.fch[li], 4 * NC);
-    k.linear_backward(a_.dbtc, grad(p.fcw), grad(p.fcb), a_.dfch, a_.ln2[li], param(p.fcw), N, C,
-                      4 * C);
-    k.layer_norm_backward(a_.dbtc2, grad(p.ln2w), grad(p.ln2b), a_.dbtc, a_.resid_mid[li],
-                          param(p.ln2w), a_.ln2_mean[li], a_.ln2_rstd[li], N, C);
-    k.residual_add(a_.dres, a_.dres, a_.dbtc2, NC);  // gradient of resid_mid
-    k.linear_backward(a_.dbtc, grad(p.attprojw), grad(p.attprojb), a_.dres, a_.atty[li],
-                      param(p.attprojw), N, C, C);
-    k.attention_backward(a_.dqkv, a_.datt, a_.dbtc, a_.qkv[li], a_.atty[li], a_.att[li], B, T, C, H,
-                         mask_);
+    timed(k, "linear fc_proj bwd", [&] {
+      k.linear_backward(a_.dfch, grad(p.fcprojw), grad(p.fcprojb), a_.dres, a_.fch_gelu[li],
+                        param(p.fcprojw), N, 4 * C, C);
+    });
+    timed(k, "gelu bwd", [&] { k.gelu_backward(a_.dfch, a_.dfch, a_.fch[li], 4 * NC); });
+    timed(k, "linear fc bwd", [&] {
+      k.linear_backward(a_.dbtc, grad(p.fcw), grad(p.fcb), a_.dfch, a_.ln2[li], param(p.fcw), N, C,
+                        4 * C);
+    });
+    timed(k, "layer_norm bwd", [&] {
+      k.layer_norm_backward(a_.dbtc2, grad(p.ln2w), grad(p.ln2b), a_.dbtc, a_.resid_mid[li],
+                            param(p.ln2w), a_.ln2_mean[li], a_.ln2_rstd[li], N, C);
+    });
+    // The gradient of resid_mid.
+    timed(k, "residual add", [&] { k.residual_add(a_.dres, a_.dres, a_.dbtc2, NC); });
+    timed(k, "linear attn_proj bwd", [&] {
+      k.linear_backward(a_.dbtc, grad(p.attprojw), grad(p.attprojb), a_.dres, a_.atty[li],
+                        param(p.attprojw), N, C, C);
+    });
+    timed(k, "attention bwd", [&] {
+      k.attention_backward(a_.dqkv, a_.datt, a_.dbtc, a_.qkv[li], a_.atty[li], a_.att[li], B, T, C,
+                           H, mask_);
+    });
     // qkv[li] holds the rotated q, k; rotating dq, dk back gives c_attn's output gradient.
-    if (config_.rope) k.rope(a_.dqkv, a_.rope_cos, a_.rope_sin, N, C, H, P, true);
-    k.linear_backward(a_.dbtc, grad(p.qkvw), grad(p.qkvb), a_.dqkv, a_.ln1[li], param(p.qkvw), N, C,
-                      3 * C);
-    k.layer_norm_backward(a_.dbtc2, grad(p.ln1w), grad(p.ln1b), a_.dbtc, a_.residual[li],
-                          param(p.ln1w), a_.ln1_mean[li], a_.ln1_rstd[li], N, C);
-    k.residual_add(a_.dres, a_.dres, a_.dbtc2, NC);  // gradient of residual[li]
+    if (config_.rope) {
+      timed(k, "rope", [&] { k.rope(a_.dqkv, a_.rope_cos, a_.rope_sin, N, C, H, P, true); });
+    }
+    timed(k, "linear qkv bwd", [&] {
+      k.linear_backward(a_.dbtc, grad(p.qkvw), grad(p.qkvb), a_.dqkv, a_.ln1[li], param(p.qkvw), N,
+                        C, 3 * C);
+    });
+    timed(k, "layer_norm bwd", [&] {
+      k.layer_norm_backward(a_.dbtc2, grad(p.ln1w), grad(p.ln1b), a_.dbtc, a_.residual[li],
+                            param(p.ln1w), a_.ln1_mean[li], a_.ln1_rstd[li], N, C);
+    });
+    // The gradient of residual[li].
+    timed(k, "residual add", [&] { k.residual_add(a_.dres, a_.dres, a_.dbtc2, NC); });
     if (reducing_) reducer_->ready(grads_ + block_ranges_[li].first, block_ranges_[li].second);
   }
   const EncoderBuckets bk{a_.bucket_order, a_.bucket_starts, a_.bucket_tokens, a_.num_unique};
-  k.encoder_backward(grad(wte_), grad(wpe_), a_.dres, bk, N / P, P, C);
+  timed(k, "embedding bwd",
+        [&] { k.encoder_backward(grad(wte_), grad(wpe_), a_.dres, bk, N / P, P, C); });
 }
 
 Result<double> FusedGpt::loss(const int32_t* idx, const int32_t* targets, size_t count) {
@@ -547,26 +606,7 @@ Result<FusedStepResult> FusedGpt::train_step(const int32_t* idx, const int32_t* 
   return train_step(FusedBatch{idx, targets, nullptr, count}, lr, opt, grad_clip);
 }
 
-Result<FusedStepResult> FusedGpt::train_step(const FusedBatch& batch, double lr,
-                                             const FusedOptimizer& opt, double grad_clip) {
-  RETURN_IF_ERROR(set_batch(batch));
-  forward();
-  reducing_ = reducer_ != nullptr;  // only a training step averages (not forward_backward)
-  backward();
-  reducing_ = false;
-  if (reducer_) {
-    for (const auto& [off, n] : other_ranges_) reducer_->ready(grads_ + off, n);
-    float* loss = reinterpret_cast<float*>(static_cast<char*>(a_.scalars) + kLossOffset);
-    reducer_->ready(loss, 1);
-    RETURN_IF_ERROR(reducer_->finish(), "fused GPT, data-parallel step " +
-                                            std::to_string(steps_ + 1) + " on rank " +
-                                            std::to_string(reducer_->comm().rank()));
-  }
-  double* norm_sq = reinterpret_cast<double*>(static_cast<char*>(a_.scalars) + kNormOffset);
-  backend_->sum_squares(norm_sq, grads_, num_params_);
-  backend_->clip_scale(grads_, num_params_, norm_sq, grad_clip);
-  ++steps_;
-  // One AdamW launch per run of consecutive tensors with the same decay flag.
+void FusedGpt::adamw_step(double lr, const FusedOptimizer& opt) {
   size_t i = 0;
   while (i < layout_.size()) {
     size_t j = i;
@@ -582,6 +622,34 @@ Result<FusedStepResult> FusedGpt::train_step(const FusedBatch& batch, double lr,
     backend_->adamw(params_ + off, grads_ + off, m_ + off, v_ + off, n, s);
     i = j + 1;
   }
+}
+
+Result<FusedStepResult> FusedGpt::train_step(const FusedBatch& batch, double lr,
+                                             const FusedOptimizer& opt, double grad_clip) {
+  {
+    ProfileScope upload(*backend_, "batch upload");
+    RETURN_IF_ERROR(set_batch(batch));
+  }
+  forward();
+  reducing_ = reducer_ != nullptr;  // only a training step averages (not forward_backward)
+  backward();
+  reducing_ = false;
+  if (reducer_) {
+    for (const auto& [off, n] : other_ranges_) reducer_->ready(grads_ + off, n);
+    float* loss = reinterpret_cast<float*>(static_cast<char*>(a_.scalars) + kLossOffset);
+    reducer_->ready(loss, 1);
+    ProfileScope wait(*backend_, "gradient all-reduce wait");
+    RETURN_IF_ERROR(reducer_->finish(), "fused GPT, data-parallel step " +
+                                            std::to_string(steps_ + 1) + " on rank " +
+                                            std::to_string(reducer_->comm().rank()));
+  }
+  double* norm_sq = reinterpret_cast<double*>(static_cast<char*>(a_.scalars) + kNormOffset);
+  timed(*backend_, "gradient norm + clip", [&] {
+    backend_->sum_squares(norm_sq, grads_, num_params_);
+    backend_->clip_scale(grads_, num_params_, norm_sq, grad_clip);
+  });
+  ++steps_;
+  timed(*backend_, "adamw", [&] { adamw_step(lr, opt); });
   unsigned char host[kScalarBytes];
   backend_->copy_to_host(host, a_.scalars, kScalarBytes);
   double nsq = 0.0;

@@ -165,6 +165,8 @@ class FusedGpt {
   Status set_batch(const FusedBatch& batch, bool fewer_rows = false);
   void forward();
   void backward();
+  // AdamW on every parameter: one backend call per run of tensors with the same decay flag.
+  void adamw_step(double lr, const FusedOptimizer& opt);
 
   // nullptr for index -1 (an absent bias).
   float* param(int i) const { return i < 0 ? nullptr : params_ + layout_[i].offset; }

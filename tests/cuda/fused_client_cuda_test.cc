@@ -19,10 +19,10 @@ namespace {
 // Two rounds of 5 steps from the same globals: losses within 1e-4, updates within `tol`.
 void check_rounds(LocalTrainer& a, LocalTrainer& b, const std::vector<float>& g, uint32_t batch,
                   double tol) {
-  testing::check_same_rounds(a, b, g,
-                             {testing::round_plan(41, 5, batch, 0.003f),
-                              testing::round_plan(42, 5, batch, 0.003f)},
-                             1e-4, tol);
+  testing::check_same_rounds(
+      a, b, g,
+      {testing::round_plan(41, 5, batch, 0.003f), testing::round_plan(42, 5, batch, 0.003f)}, 1e-4,
+      tol);
 }
 
 GptTrainerOptions gpt_options() {

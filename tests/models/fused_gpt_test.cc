@@ -3,6 +3,7 @@
 #include "models/gpt/fused_gpt.h"
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -399,6 +400,62 @@ TEST_CASE("fused GPT steps are deterministic and overfit one batch", "[models][f
   CHECK(first == Approx(std::log(13.0)).margin(0.3));
   CHECK(last < 0.5 * first);
   CHECK(m1->steps() == 100);
+}
+
+// gpt_train_bench --profile: every operation of a step timed where it runs (the CPU backend: the
+// host clock), summed per label; profiling changes no result.
+TEST_CASE("fused GPT profiling times every operation of a step and changes nothing",
+          "[models][fused]") {
+  const GptConfig c = tiny(true);
+  auto plain = make_fused(c, 2, 8);
+  auto timed = make_fused(c, 2, 8);
+  const auto x = random_tokens(16, c.vocab_size, 43), y = random_tokens(16, c.vocab_size, 44);
+  const FusedOptimizer opt{0.9, 0.99, 1e-8, 0.1};
+  timed->backend().set_profiling(true);
+  const int steps = 3;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) {
+    auto a = plain->train_step(x.data(), y.data(), x.size(), 3e-3, opt, 1.0);
+    auto b = timed->train_step(x.data(), y.data(), x.size(), 3e-3, opt, 1.0);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a->loss == b->loss);
+    CHECK(a->grad_norm == b->grad_norm);
+  }
+  const double wall_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(plain->parameters_host() == timed->parameters_host());
+  CHECK(plain->backend().take_profile().empty());
+  const auto entries = timed->backend().take_profile();
+  const auto calls = [&](const std::string& label) -> int64_t {
+    for (const auto& e : entries)
+      if (e.label == label) return e.calls;
+    return -1;
+  };
+  // Per step: one per layer of each block operation, the final layer norm too, one of each
+  // whole-model operation.
+  CHECK(calls("attention fwd") == steps * c.n_layer);
+  CHECK(calls("attention bwd") == steps * c.n_layer);
+  CHECK(calls("linear qkv bwd") == steps * c.n_layer);
+  CHECK(calls("layer_norm fwd") == steps * (2 * c.n_layer + 1));
+  CHECK(calls("residual add") == steps * 4 * c.n_layer);
+  for (const char* once :
+       {"batch upload", "embedding fwd", "head fwd", "cross_entropy fwd", "zero gradients",
+        "cross_entropy bwd", "head bwd", "embedding bwd", "gradient norm + clip", "adamw"}) {
+    INFO(once);
+    CHECK(calls(once) == steps);
+  }
+  double sum = 0.0;
+  for (const auto& e : entries) {
+    CHECK(e.ms >= 0.0);
+    sum += e.ms;
+  }
+  CHECK(sum > 0.0);
+  CHECK(sum <= wall_ms);  // the plain engine's steps ran in the same window
+  CHECK(timed->backend().take_profile().empty());  // taken: starts afresh
+  const std::string table = fused_profile_table(entries, steps, wall_ms / (2 * steps));
+  CHECK_THAT(table, Catch::Contains("| attention bwd | 2 |") &&
+                        Catch::Contains("(rest of the step: host, gaps)"));
 }
 
 }  // namespace

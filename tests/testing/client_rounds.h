@@ -16,8 +16,7 @@
 namespace starling::testing {
 
 // n token ids uniform in [0, vocab), seeded.
-inline std::shared_ptr<const std::vector<int32_t>> random_tokens(int n, int vocab,
-                                                                 uint32_t seed) {
+inline std::shared_ptr<const std::vector<int32_t>> random_tokens(int n, int vocab, uint32_t seed) {
   auto v = std::make_shared<std::vector<int32_t>>();
   std::mt19937 gen(seed);
   for (int i = 0; i < n; ++i) v->push_back(static_cast<int32_t>(gen() % vocab));
