@@ -530,10 +530,19 @@ void register_eval(CLI::App& app, CommandContext& ctx) {
     std::optional<std::string> masking;
     std::string data_dir;
     std::vector<std::string> sets;
+    std::string engine = "autograd";
+    std::string device = "cpu";
+    int gpu = 0;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("checkpoint,--checkpoint", o->checkpoint,
                   "safetensors checkpoint (default: <train.out_dir>/ckpt.safetensors of --config)");
+  cmd->add_option("--engine", o->engine,
+                  "autograd, or fused (the fused engine's forward: the same loss, faster)")
+      ->check(CLI::IsMember({"autograd", "fused"}));
+  cmd->add_option("--device", o->device, "cpu, or cuda (the fused engine on a GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--gpu", o->gpu, "The GPU of --device cuda")->check(CLI::NonNegativeNumber);
   cmd->add_option("-c,--config", o->config, "The training config, to find its checkpoint");
   cmd->add_option("--set", o->sets, "Config overrides, as for `starling train`");
   cmd->add_option("--split", o->split, "val or train")->check(CLI::IsMember({"val", "train"}));
@@ -574,6 +583,14 @@ void register_eval(CLI::App& app, CommandContext& ctx) {
     };
     const auto split = o->split == "train" ? data::Split::kTrain : data::Split::kVal;
     constexpr double kLn2 = 0.69314718055994530942;
+    // --device cuda runs the fused engine (one forward per batch, only the loss comes back).
+    const bool cuda = o->device == "cuda";
+    const bool fused = cuda || o->engine == "fused";
+    std::string where = "autograd engine, cpu";
+    auto backend = [&]() -> Result<std::unique_ptr<models::FusedBackend>> {
+      if (!cuda) return models::make_fused_cpu_backend();
+      return models::make_fused_cuda_backend(o->gpu);
+    };
     if (mdlm) {
       auto loaded = models::load_mdlm_checkpoint(ckpt, o->data_dir);
       if (!loaded.ok()) return fail(ctx, loaded.status().message());
@@ -591,13 +608,35 @@ void register_eval(CLI::App& app, CommandContext& ctx) {
       }
       const models::MaskSampling used = masking.value_or(loaded->model->config().masking);
       const int64_t b = o->batch > 0 ? o->batch : loaded->config.train().batch_size();
-      const double nelbo = models::mdlm_eval_full(*loaded->model, tokens, b, o->seed, masking);
+      double nelbo = 0.0;
+      if (fused) {
+        // The same windows, times and masks (the host model draws them); the trunk's forward on
+        // the fused engine gives each batch's bound.
+        auto k = backend();
+        if (!k.ok()) return fail(ctx, "--device " + o->device + ": " + k.status().message());
+        where = "fused engine, " + (*k)->name();
+        auto engine = models::FusedMdlm::make(loaded->model->config(), b, 0, std::move(*k));
+        if (!engine.ok()) return fail(ctx, ckpt + ": " + engine.status().message());
+        if (Status st = (*engine)->load(loaded->model->state_dict()); !st.ok()) {
+          return fail(ctx, ckpt + ": " + st.message());
+        }
+        auto r = models::mdlm_eval_full(
+            *loaded->model, tokens, b,
+            [&](const Tensor& x0, std::span<const double> t, const Tensor& xt) {
+              return (*engine)->loss(x0, t, xt);
+            },
+            o->seed, masking);
+        if (!r.ok()) return fail(ctx, r.status().message());
+        nelbo = *r;
+      } else {
+        nelbo = models::mdlm_eval_full(*loaded->model, tokens, b, o->seed, masking);
+      }
       std::printf(
           "%s: %lld windows of %lld tokens, %.4f nats/token, %.4f bits/token (NELBO bound, %s "
-          "estimator)\n",
+          "estimator; %s)\n",
           o->split.c_str(), static_cast<long long>(static_cast<int64_t>(tokens.size()) / len),
           static_cast<long long>(len), nelbo, nelbo / kLn2,
-          used == models::MaskSampling::kCount ? "count" : "bernoulli");
+          used == models::MaskSampling::kCount ? "count" : "bernoulli", where.c_str());
       return;
     }
     auto loaded = models::load_gpt_checkpoint(ckpt, o->data_dir);
@@ -610,19 +649,35 @@ void register_eval(CLI::App& app, CommandContext& ctx) {
     models::Gpt& model = *loaded->model;
     model.train(false);
     autograd::NoGradGuard ng;
-    auto full = models::full_split_loss(text->dataset.tokens(split), b, len,
-                                        [&](const data::Batch& batch) -> Result<double> {
-                                          return model.loss(batch.x, batch.y).item();
-                                        });
+    std::unique_ptr<models::FusedGpt> engine;
+    if (fused) {
+      auto k = backend();
+      if (!k.ok()) return fail(ctx, "--device " + o->device + ": " + k.status().message());
+      where = "fused engine, " + (*k)->name();
+      auto e = models::FusedGpt::make(model.config(), b, len, 0, std::move(*k));
+      if (!e.ok()) return fail(ctx, ckpt + ": " + e.status().message());
+      if (Status st = (*e)->load(model.state_dict()); !st.ok()) {
+        return fail(ctx, ckpt + ": " + st.message());
+      }
+      engine = std::move(*e);
+    }
+    auto full = models::full_split_loss(
+        text->dataset.tokens(split), b, len, [&](const data::Batch& batch) -> Result<double> {
+          if (engine) {
+            return engine->loss(batch.x.data<int32_t>(), batch.y.data<int32_t>(),
+                                static_cast<size_t>(batch.x.numel()));
+          }
+          return model.loss(batch.x, batch.y).item();
+        });
     if (!full.ok()) return fail(ctx, full.status().message());
     if (full->second == 0) {
       return fail(ctx, ckpt + ": the " + o->split + " split has fewer than --batch windows");
     }
     std::printf(
         "%s: %lld windows of %lld tokens, %.4f nats/token, %.4f bits/token, perplexity %.3f "
-        "(next-token loss)\n",
+        "(next-token loss; %s)\n",
         o->split.c_str(), static_cast<long long>(full->second), static_cast<long long>(len),
-        full->first, full->first / kLn2, std::exp(full->first));
+        full->first, full->first / kLn2, std::exp(full->first), where.c_str());
   });
 }
 

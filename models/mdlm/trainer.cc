@@ -172,8 +172,10 @@ Result<double> mdlm_eval_nelbo(const Mdlm& model, std::span<const int32_t> token
 }
 
 Result<double> mdlm_eval_full(const Mdlm& model, std::span<const int32_t> tokens, int64_t batch,
-                              const MdlmBatchLoss& batch_loss) {
-  return mdlm_eval_nelbo(model, tokens, full_windows(model, tokens), batch, kEvalSeed, batch_loss);
+                              const MdlmBatchLoss& batch_loss, std::optional<uint64_t> seed,
+                              std::optional<MaskSampling> masking) {
+  return mdlm_eval_nelbo(model, tokens, full_windows(model, tokens), batch,
+                         seed.value_or(kEvalSeed), batch_loss, masking);
 }
 
 Result<TrainSummary> train_mdlm(const v1::RunConfig& cfg, const std::string& config_source,

@@ -51,7 +51,9 @@ Result<double> mdlm_eval_nelbo(const Mdlm& model, std::span<const int32_t> token
                                int64_t batch, uint64_t seed, const MdlmBatchLoss& batch_loss,
                                std::optional<MaskSampling> masking = std::nullopt);
 Result<double> mdlm_eval_full(const Mdlm& model, std::span<const int32_t> tokens, int64_t batch,
-                              const MdlmBatchLoss& batch_loss);
+                              const MdlmBatchLoss& batch_loss,
+                              std::optional<uint64_t> seed = std::nullopt,
+                              std::optional<MaskSampling> masking = std::nullopt);
 
 // The engine under train_mdlm's loop (GptEngine's counterpart): one training step and the NELBO
 // of an evaluation batch. The loop owns data, batches, the noise stream, schedule, evaluation,

@@ -69,6 +69,15 @@ TEST_CASE("cli: train a tiny GPT on a text file, then sample from it", "[apps]")
   INFO(et.out);
   REQUIRE(et.rc == 0);
   REQUIRE_THAT(et.out, Catch::Contains("train: 472 windows of 16 tokens"));
+  // The fused engine's forward gives the same loss (to the printed digits); a GPU that is not
+  // there is an error, never a CPU run.
+  Run ef = run("eval " + (d / "out" / "ckpt.safetensors").string() + " --engine fused");
+  INFO(ef.out);
+  REQUIRE(ef.rc == 0);
+  REQUIRE_THAT(ef.out, Catch::Contains("(next-token loss; fused engine, cpu)"));
+  CHECK(ef.out.substr(ef.out.find("val: "), 80) == e.out.substr(e.out.find("val: "), 80));
+  Run ec = run("eval " + (d / "out" / "ckpt.safetensors").string() + " --device cuda");
+  if (ec.rc != 0) REQUIRE_THAT(ec.out, Catch::Contains("--device cuda"));  // no GPU here
   Run eb = run("eval " + (d / "out" / "ckpt.safetensors").string() + " --split test");
   REQUIRE(eb.rc != 0);
   REQUIRE(fs::exists(d / "out" / "config.toml"));
@@ -284,6 +293,12 @@ TEST_CASE("cli: train and sample a tiny masked diffusion LM", "[apps]") {
   REQUIRE(e1.rc == 0);
   REQUIRE(e1.out == e2.out);
   REQUIRE_THAT(e1.out, Catch::Contains("windows of 16 tokens") && Catch::Contains("count"));
+  // The fused engine's forward: the same windows, times and masks, the same bound.
+  Run ef = run("eval " + (d / "bd3" / "ckpt.safetensors").string() + " --seed 3 --engine fused");
+  INFO(ef.out);
+  REQUIRE(ef.rc == 0);
+  REQUIRE_THAT(ef.out, Catch::Contains("fused engine, cpu"));
+  CHECK(ef.out.substr(ef.out.find("val: "), 80) == e1.out.substr(e1.out.find("val: "), 80));
   REQUIRE_THAT(eb.out, Catch::Contains("bernoulli estimator"));
   Run bad = run("train -c " + (d / "mdlm.toml").string() + " --set diffusion.block_length=5");
   REQUIRE(bad.rc != 0);
