@@ -249,8 +249,11 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
       echo "(did not run)"
   done
   echo
-  sed -n '/^Where a step of/,$p' "$logs/gpt_train_profile.log" 2>/dev/null ||
+  if grep -q '^Where a step of' "$logs/gpt_train_profile.log" 2>/dev/null; then
+    sed -n '/^Where a step of/,$p' "$logs/gpt_train_profile.log"
+  else
     echo "(gpt_train_bench --profile did not run)"
+  fi
   echo
   echo "starling train --device cuda (configs/gpt_char_cpu.toml, 200 steps): $(grep -E '^trained' "$logs/train_cuda.log" 2>/dev/null || echo 'did not finish')"
   [ -f "$logs/train_cuda_dp.log" ] && echo && echo "The same over every GPU (--gpus 0,...): $(grep -E '^trained' "$logs/train_cuda_dp.log" || echo 'did not finish')"
