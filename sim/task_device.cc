@@ -7,7 +7,7 @@
 namespace starling::sim {
 
 TaskDevice::TaskDevice(const v1::FederationConfig& config, TaskUse use)
-    : spread_(use == TaskUse::kSimulation) {
+    : use_(use), spread_(use == TaskUse::kSimulation) {
   if (config.client().device() != "cuda") return;
   fused_ = edge_client::FusedDevice{true, {}, 1};
   for (uint32_t g : config.client().gpus()) fused_->gpus.push_back(static_cast<int>(g));
@@ -38,6 +38,9 @@ std::string TaskDevice::describe() const {
   if (ids.empty()) ids = "0";
   const size_t n = fused_->gpus.size();
   if (n <= 1) return fmt::format(", clients train on cuda:{} (fused engine)", ids);
+  if (use_ == TaskUse::kServer) {
+    return fmt::format(", clients train on cuda:{} (fused engine, each data parallel)", ids);
+  }
   if (spread_) {
     return fmt::format(
         ", clients train on cuda:{} (fused engine: virtual client k on GPU k mod {})", ids, n);

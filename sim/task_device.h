@@ -33,7 +33,8 @@ class TaskDevice {
   std::string describe() const;
 
  private:
-  bool spread_;
+  TaskUse use_;
+  bool spread_;  // kSimulation: virtual clients spread over the GPUs
   std::optional<edge_client::FusedDevice> fused_;
 };
 
