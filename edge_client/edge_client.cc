@@ -48,8 +48,11 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
   uint64_t rx_transfer = 0;
   std::shared_ptr<ChunkPump> pump;
   uint64_t next_transfer = 1;
-  // One codec per spec string, kept across rounds (and reconnects) for error feedback.
+  // One codec per spec string, kept across rounds (and reconnects) for error feedback: the
+  // trainer's own encoder where it has one (LocalTrainer::make_encoder: a GPU trainer encodes on
+  // the device), else a host codec of `delta`.
   std::map<std::string, std::unique_ptr<compress::Codec>> codecs;
+  std::map<std::string, std::unique_ptr<UpdateEncoder>> encoders;  // null: the trainer has none
   // Reused across rounds; the pump of the current upload reads it (never while it changes:
   // the old pump is dropped before the next encode).
   std::shared_ptr<compress::EncodedUpdate> encoded = std::make_shared<compress::EncodedUpdate>();
@@ -116,6 +119,11 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     if (it != codecs.end()) {
       const auto st = it->second->persistent_state();
       if (!st.empty()) state.codec_state[upload_spec].assign(st.begin(), st.end());
+    }
+    auto enc = encoders.find(upload_spec);
+    if (enc != encoders.end() && enc->second) {
+      auto st = enc->second->persistent_state();
+      if (!st.empty()) state.codec_state[upload_spec] = std::move(st);
     }
     if (options.state_path.empty()) return;
     const Status s = save_client_state(options.state_path, state);
@@ -464,6 +472,23 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     return codecs.emplace(spec, std::move(codec)).first->second.get();
   }
 
+  // The trainer's encoder of `spec` (made once, its saved state restored), or null: encode on
+  // the host.
+  Result<UpdateEncoder*> encoder_for(const std::string& spec) {
+    auto it = encoders.find(spec);
+    if (it != encoders.end()) return it->second.get();
+    ASSIGN_OR_RETURN(auto enc, trainer.make_encoder(spec, Rng(options.seed).fork(3).next_u64()),
+                     "the trainer's encoder of codec '" + spec + "'");
+    if (enc) {
+      auto saved = state.codec_state.find(spec);
+      if (saved != state.codec_state.end()) {
+        RETURN_IF_ERROR(enc->restore_state(saved->second),
+                        "restoring codec '" + spec + "' from " + options.state_path);
+      }
+    }
+    return encoders.emplace(spec, std::move(enc)).first->second.get();
+  }
+
   void finish_download() {
     Status st = rx->finish();
     if (!st.ok()) {
@@ -475,10 +500,22 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
     const std::string payload = rx->take_payload();
     rx.reset();
     global.resize(static_cast<size_t>(numel));
-    delta.assign(static_cast<size_t>(numel), 0.0f);
     st = from_f32_bytes(payload, global);
     if (!st.ok()) return fail(st);
     const v1::RoundPlan p = *plan;
+    // A secure round masks the update on the host; otherwise the trainer may encode it where it
+    // lives (then it gets no host delta).
+    UpdateEncoder* encoder = nullptr;
+    if (!p.secure_aggregation()) {
+      auto e = encoder_for(p.codec());
+      if (!e.ok()) return fail(e.status());
+      encoder = *e;
+    }
+    if (encoder) {
+      std::vector<float>().swap(delta);
+    } else {
+      delta.assign(static_cast<size_t>(numel), 0.0f);
+    }
     if (options.memory_limit_bytes > 0) {
       // Beyond the trainer's working set: the codec's residual and encoding buffers.
       const uint64_t extra = trainer.working_set_bytes(p) +
@@ -488,7 +525,7 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
       if (!mem.ok()) return decline(mem.message());
     }
     const auto train_start = std::chrono::steady_clock::now();
-    auto report = trainer.train(global, p, delta);
+    auto report = trainer.train(global, p, encoder ? std::span<float>() : std::span<float>(delta));
     upload_train_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
     if (!report.ok()) {
@@ -509,10 +546,14 @@ struct EdgeClient::Impl : std::enable_shared_from_this<Impl> {
       }
       masked = std::make_shared<const std::string>(std::move(*bytes));
     } else {
-      auto codec = codec_for(p.codec());
-      if (!codec.ok()) return fail(codec.status());
       if (encoded.use_count() > 1) encoded = std::make_shared<compress::EncodedUpdate>();
-      st = (*codec)->encode_into(delta, *encoded);
+      if (encoder) {
+        st = encoder->encode_into(*encoded);
+      } else {
+        auto codec = codec_for(p.codec());
+        if (!codec.ok()) return fail(codec.status());
+        st = (*codec)->encode_into(delta, *encoded);
+      }
       if (!st.ok()) return fail(st.with_context("encoding the update"));
     }
     // Idle until the next plan: the model-sized buffers go back (a simulation holds hundreds of

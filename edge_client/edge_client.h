@@ -25,6 +25,19 @@ struct TrainReport {
   float loss = 0.0f;         // mean training loss of the round
 };
 
+// Encodes a trainer's update where it lives (LocalTrainer::make_encoder): a GPU trainer's with
+// the GPU codecs, so that only the encoded bytes reach the host. The same wire format and, for a
+// spec and seed, the same bytes as compress::make_codec on the host, error feedback included.
+class UpdateEncoder {
+ public:
+  virtual ~UpdateEncoder() = default;
+  // The update of the trainer's last train() (which was given an empty delta).
+  virtual Status encode_into(compress::EncodedUpdate& out) = 0;
+  // compress::Codec's persistent_state / restore_state (the error-feedback residual), copied.
+  virtual std::vector<float> persistent_state() = 0;
+  virtual Status restore_state(std::span<const float> state) = 0;
+};
+
 // What a client trains. Injected, so tests can use a deterministic function.
 class LocalTrainer {
  public:
@@ -44,6 +57,16 @@ class LocalTrainer {
   // round and comes back for the next) instead of stopping the client. True for trainers that
   // run the user's own code (ExecTrainer): its crash or hang must not end the device's service.
   virtual bool round_failures_recoverable() const { return false; }
+  // An encoder of this trainer's updates with codec `spec` (seeded `seed`, as the client's host
+  // codec would be), or nullptr (the default): the client encodes `delta` on the host. When the
+  // client holds an encoder for a round's codec it calls train() with an empty `delta`, then
+  // the encoder. Secure aggregation rounds always get a delta.
+  virtual Result<std::unique_ptr<UpdateEncoder>> make_encoder(const std::string& spec,
+                                                              uint64_t seed) {
+    (void)spec;
+    (void)seed;
+    return std::unique_ptr<UpdateEncoder>();
+  }
   // A leaf aggregator's "training" (aggregator/leaf.h): the clients the last train()'s mean
   // folds, with their weights (summing to its num_samples), sent with the upload and taken
   // from the trainer. Empty for a client.

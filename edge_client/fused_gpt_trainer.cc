@@ -129,7 +129,7 @@ Status FusedGptTrainer::ensure_engine(int64_t batch) {
 }
 
 Status FusedGptTrainer::run_steps(std::span<const float> global, const v1::RoundPlan& plan,
-                                  int64_t steps, double* loss_sum, std::vector<float>* local) {
+                                  int64_t steps, double* loss_sum) {
   const int64_t T = options_.model.block_size, B = plan.batch_size();
   const io::StateDict sd = layout_tensors(layout_, global);
   // Fresh moments every round, as GptTrainer's AdamW.
@@ -163,7 +163,6 @@ Status FusedGptTrainer::run_steps(std::span<const float> global, const v1::Round
     }
     *loss_sum += r.loss;
   }
-  *local = replicas_ ? replicas_->replica(0).parameters_host() : engine_->parameters_host();
   return ok_status();
 }
 
@@ -172,24 +171,104 @@ Result<TrainReport> FusedGptTrainer::train(std::span<const float> global, const 
   const int64_t T = options_.model.block_size;
   const int64_t n = end_ - begin_;
   RETURN_IF_ERROR(check_text_round(begin_, end_, tokens_->size(), T, plan));
-  if (delta.size() != global.size()) return invalid_argument("delta and global sizes differ");
+  // An empty delta: the update stays on the device for make_encoder's encoder.
+  const bool on_device = delta.empty();
+  if (on_device && !codec_backend_) {
+    return failed_precondition("fused GPT trainer: an empty delta needs make_encoder() first");
+  }
+  if (!on_device && delta.size() != global.size()) {
+    return invalid_argument("delta and global sizes differ");
+  }
+  const auto numel = static_cast<size_t>(layout_numel());
+  if (global.size() != numel) {
+    return invalid_argument("fused GPT trainer: a global model of " +
+                            std::to_string(global.size()) + " values for a layout of " +
+                            std::to_string(numel));
+  }
   const int64_t steps = gpt_local_steps(n, T, options_.epochs, plan);
   if (steps <= 0) return invalid_argument("a round of " + std::to_string(steps) + " local steps");
   RETURN_IF_ERROR(ensure_engine(plan.batch_size()));
+  device_delta_ready_ = false;
   double loss_sum = 0.0;
-  std::vector<float> local;
-  Status st = run_steps(global, plan, steps, &loss_sum, &local);
+  Status st = run_steps(global, plan, steps, &loss_sum);
   if (!st.ok()) {
     // A failed collective leaves the replicas' group broken: the next round makes new ones.
     replicas_.reset();
     return st.with_context("fused GPT trainer");
   }
-  if (local.size() != global.size()) {
-    return internal_error("fused GPT trainer: the engine holds " + std::to_string(local.size()) +
-                          " parameters, the federation's model " + std::to_string(global.size()));
+  models::FusedGpt& rank0 = replicas_ ? replicas_->replica(0) : *engine_;
+  if (on_device) {
+    // delta = trained - global where the weights are (rank 0's device), for the encoder.
+    rank0.backend().synchronize();
+    codec_backend_->copy_to_backend(global_dev_, global.data(), numel * sizeof(float));
+    codec_backend_->subtract(delta_dev_, rank0.parameter_buffer(), global_dev_, numel);
+    codec_backend_->synchronize();
+    device_delta_ready_ = true;
+  } else {
+    const std::vector<float> local = rank0.parameters_host();
+    for (size_t i = 0; i < numel; ++i) delta[i] = local[i] - global[i];
   }
-  for (size_t i = 0; i < local.size(); ++i) delta[i] = local[i] - global[i];
   return TrainReport{static_cast<uint64_t>(n), static_cast<float>(loss_sum / steps)};
+}
+
+int64_t FusedGptTrainer::layout_numel() const {
+  int64_t n = 0;
+  for (const auto& t : layout_) n = std::max(n, t.offset + shape_numel(t.shape));
+  return n;
+}
+
+namespace {
+
+// The encoder of FusedGptTrainer::make_encoder: the backend's codec over the trainer's device
+// delta.
+class FusedEncoder final : public UpdateEncoder {
+ public:
+  FusedEncoder(std::unique_ptr<models::FusedUpdateCodec> codec, const float* delta,
+               const bool* ready)
+      : codec_(std::move(codec)), delta_(delta), ready_(ready) {}
+  Status encode_into(compress::EncodedUpdate& out) override {
+    if (!*ready_) {
+      return failed_precondition(
+          "fused GPT trainer: no update to encode (train() with an empty delta first)");
+    }
+    return codec_->encode_into(delta_, out);
+  }
+  std::vector<float> persistent_state() override { return codec_->persistent_state(); }
+  Status restore_state(std::span<const float> state) override {
+    return codec_->restore_state(state);
+  }
+
+ private:
+  std::unique_ptr<models::FusedUpdateCodec> codec_;
+  const float* delta_;
+  const bool* ready_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<UpdateEncoder>> FusedGptTrainer::make_encoder(const std::string& spec,
+                                                                     uint64_t seed) {
+  if (!codec_backend_) {
+    // On rank 0's device, beside its engine (another stream on a GPU): the delta, the global
+    // model it is taken from and the codecs' state live there across rounds.
+    ASSIGN_OR_RETURN(codec_backend_, make_fused_backend(device_, 0), "fused GPT trainer");
+    const size_t bytes = static_cast<size_t>(layout_numel()) * sizeof(float);
+    ASSIGN_OR_RETURN(void* g, codec_backend_->alloc(bytes), "fused GPT trainer: the global model");
+    global_dev_ = static_cast<float*>(g);
+    ASSIGN_OR_RETURN(void* d, codec_backend_->alloc(bytes), "fused GPT trainer: the update");
+    delta_dev_ = static_cast<float*>(d);
+  }
+  ASSIGN_OR_RETURN(auto codec, codec_backend_->make_update_codec(spec, layout_, seed),
+                   "codec '" + spec + "'");
+  return std::unique_ptr<UpdateEncoder>(
+      std::make_unique<FusedEncoder>(std::move(codec), delta_dev_, &device_delta_ready_));
+}
+
+FusedGptTrainer::~FusedGptTrainer() {
+  if (codec_backend_) {
+    codec_backend_->free(global_dev_);
+    codec_backend_->free(delta_dev_);
+  }
 }
 
 }  // namespace starling::edge_client

@@ -49,7 +49,17 @@ class FusedGptTrainer : public LocalTrainer {
       std::shared_ptr<const std::vector<int32_t>> tokens, int64_t begin, int64_t end,
       GptTrainerOptions options, FusedDevice device);
 
+  ~FusedGptTrainer() override;
+  FusedGptTrainer(const FusedGptTrainer&) = delete;
+  FusedGptTrainer& operator=(const FusedGptTrainer&) = delete;
+
   const compress::Layout& layout() const override { return layout_; }
+  // The codec `spec` on the engine's device (rank 0's GPU: the GPU codecs, so only the encoded
+  // bytes reach the host; the CPU backend: the host codec), over the update train() leaves
+  // there when given an empty delta. The encoders share the trainer's update buffer and must
+  // not outlive it.
+  Result<std::unique_ptr<UpdateEncoder>> make_encoder(const std::string& spec,
+                                                      uint64_t seed) override;
   // GptTrainer::train's windows and steps (the plan's seed draws them), AdamW with plan's
   // learning rate from zeroed moments, global-norm clipping at grad_clip. With several ranks the
   // plan's batch must split evenly over them (InvalidArgument naming client.gpus).
@@ -67,7 +77,8 @@ class FusedGptTrainer : public LocalTrainer {
   Status ensure_engine(int64_t batch);
   // The round's local steps on the engine or the replicas, from `global`.
   Status run_steps(std::span<const float> global, const v1::RoundPlan& plan, int64_t steps,
-                   double* loss_sum, std::vector<float>* local);
+                   double* loss_sum);
+  int64_t layout_numel() const;
 
   std::shared_ptr<const std::vector<int32_t>> tokens_;
   int64_t begin_;
@@ -80,6 +91,12 @@ class FusedGptTrainer : public LocalTrainer {
   std::vector<std::unique_ptr<models::FusedBackend>> backends_;
   std::unique_ptr<models::FusedGpt> engine_;         // one rank
   std::unique_ptr<models::FusedReplicas> replicas_;  // several
+  // make_encoder's: a backend on rank 0's device with the global model and the update of the
+  // last train() given an empty delta (device_delta_ready_).
+  std::unique_ptr<models::FusedBackend> codec_backend_;
+  float* global_dev_ = nullptr;
+  float* delta_dev_ = nullptr;
+  bool device_delta_ready_ = false;
 };
 
 }  // namespace starling::edge_client

@@ -632,5 +632,40 @@ const cc::Layout& GpuCodec::layout() const { return impl_->layout; }
 int64_t GpuCodec::numel() const { return impl_->numel; }
 const float* GpuCodec::residual() const { return impl_->any_ef ? impl_->residual.get() : nullptr; }
 
+std::vector<float> GpuCodec::persistent_state() const {
+  const Impl& m = *impl_;
+  if (!m.any_ef || m.numel == 0) return {};
+  std::vector<float> out(static_cast<size_t>(m.numel));
+  STARLING_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.residual.get(), out.size() * sizeof(float),
+                                      cudaMemcpyDeviceToHost, m.stream));
+  sync(m.stream);
+  return out;
+}
+
+Status GpuCodec::restore_state(std::span<const float> state) {
+  Impl& m = *impl_;
+  if (!m.any_ef) {
+    if (state.empty()) return ok_status();
+    return invalid_argument("this codec keeps no state, but " + std::to_string(state.size()) +
+                            " values were given to restore");
+  }
+  if (state.size() != static_cast<size_t>(m.numel)) {
+    return invalid_argument("error feedback: saved residual has " + std::to_string(state.size()) +
+                            " elements, the layout " + std::to_string(m.numel));
+  }
+  for (size_t i = 0; i < state.size(); ++i) {
+    if (!std::isfinite(state[i])) {
+      return invalid_argument("error feedback: saved residual element " + std::to_string(i) +
+                              " is not finite");
+    }
+  }
+  if (!state.empty()) {
+    STARLING_CUDA_CHECK(cudaMemcpyAsync(m.residual.get(), state.data(), state.size_bytes(),
+                                        cudaMemcpyHostToDevice, m.stream));
+    sync(m.stream);
+  }
+  return ok_status();
+}
+
 }  // namespace starling::cuda
 #endif  // STARLING_WITH_CUDA

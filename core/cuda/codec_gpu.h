@@ -8,7 +8,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "core/compress/codec.h"
 #include "core/cuda/codec_kernels.h"
@@ -71,6 +73,11 @@ class GpuCodec {
   int64_t numel() const;
   // The error-feedback residual on the device (numel() floats), or null without ef.
   const float* residual() const;
+  // compress::Codec's persistent_state / restore_state: the residual copied to / from the host
+  // (empty without ef). A state of the wrong size or with a non-finite value is InvalidArgument,
+  // and the residual is then unchanged.
+  std::vector<float> persistent_state() const;
+  Status restore_state(std::span<const float> state);
 
   struct Impl;
 

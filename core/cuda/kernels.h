@@ -163,6 +163,8 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* or
 
 // residual_cuda.cu: out = a + b over n values (out may alias a or b).
 void residual_add(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
+// out[i] = a[i] - b[i] (a federated client's delta: its trained weights minus the global model).
+void subtract(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
 
 // grad_norm_cuda.cu: out: () = sum of x[i]^2 accumulated in double over a fixed grid of
 // kSumSquaresBlocks blocks (deterministic); scratch: kSumSquaresBlocks doubles.

@@ -34,6 +34,40 @@ std::vector<FusedBackend::ProfileEntry> FusedBackend::take_profile() {
   return out;
 }
 
+namespace {
+
+// The host codec over host memory (the CPU backend's).
+class HostUpdateCodec final : public FusedUpdateCodec {
+ public:
+  HostUpdateCodec(std::unique_ptr<compress::Codec> codec, int64_t numel)
+      : codec_(std::move(codec)), numel_(numel) {}
+  Status encode_into(const float* delta, compress::EncodedUpdate& out) override {
+    return codec_->encode_into(std::span<const float>(delta, static_cast<size_t>(numel_)), out);
+  }
+  std::vector<float> persistent_state() override {
+    const auto s = codec_->persistent_state();
+    return std::vector<float>(s.begin(), s.end());
+  }
+  Status restore_state(std::span<const float> state) override {
+    return codec_->restore_state(state);
+  }
+
+ private:
+  std::unique_ptr<compress::Codec> codec_;
+  int64_t numel_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<FusedUpdateCodec>> FusedBackend::make_update_codec(
+    std::string_view spec, const compress::Layout& layout, uint64_t seed) {
+  ASSIGN_OR_RETURN(auto codec, compress::make_codec(spec, layout, seed));
+  int64_t numel = 0;
+  for (const auto& t : layout) numel = std::max(numel, t.offset + shape_numel(t.shape));
+  return std::unique_ptr<FusedUpdateCodec>(
+      std::make_unique<HostUpdateCodec>(std::move(codec), numel));
+}
+
 std::shared_ptr<void> FusedBackend::time_mark() {
   return std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
 }

@@ -7,9 +7,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "core/compress/codec.h"
 #include "core/ops/attention.h"
 #include "core/util/status.h"
 
@@ -41,6 +44,20 @@ struct FusedAdamW {
 // their outputs; backward ops overwrite theirs too, except encoder_backward, which accumulates
 // (the tied head's gradient is already in dwte). Shapes: B batch, T time, C channels, V
 // vocabulary, H heads, N = B*T rows. Not thread-safe: one trainer per backend.
+// An update codec (compress::make_codec's) that reads its delta from a backend's memory
+// (FusedBackend::make_update_codec): the same bytes as the host codec of the same spec, layout and
+// seed, error feedback included, its residual kept where the delta lives.
+class FusedUpdateCodec {
+ public:
+  virtual ~FusedUpdateCodec() = default;
+  // delta: the layout's numel floats in the backend's memory, complete (the backend that wrote
+  // it synchronized). Non-finite values: InvalidArgument naming the tensor.
+  virtual Status encode_into(const float* delta, compress::EncodedUpdate& out) = 0;
+  // compress::Codec's persistent_state / restore_state (the error-feedback residual), copied.
+  virtual std::vector<float> persistent_state() = 0;
+  virtual Status restore_state(std::span<const float> state) = 0;
+};
+
 class FusedBackend {
  public:
   virtual ~FusedBackend() = default;
@@ -148,6 +165,13 @@ class FusedBackend {
   // Global-norm clipping without a host round trip: norm = sqrt(*norm_sq); when max_norm > 0
   // and norm > max_norm, x *= max_norm / (norm + 1e-6) (core/optim's clip_grad_norm).
   virtual void clip_scale(float* x, size_t n, const double* norm_sq, double max_norm) = 0;
+  // out = a - b over n floats (a federated client's delta: trained weights minus the global).
+  virtual void subtract(float* out, const float* a, const float* b, size_t n) = 0;
+  // The update codec of `spec` over this backend's memory: the host codec (compress::make_codec)
+  // by default, whose memory is the host's; the GPU codecs on a CUDA backend (core/cuda/
+  // codec_gpu.h: the same bytes, only the encoded update crosses to the host).
+  virtual Result<std::unique_ptr<FusedUpdateCodec>> make_update_codec(
+      std::string_view spec, const compress::Layout& layout, uint64_t seed);
 
   // Bytes currently allocated and the high-water mark (for benchmarks).
   // The attention path (TrainConfig.attention): a GPU backend's choice between its flash kernels

@@ -401,6 +401,10 @@ class CpuBackend final : public FusedBackend {
 #pragma omp parallel for simd if (n > (1 << 16))
     for (size_t i = 0; i < n; ++i) x[i] *= s;
   }
+  void subtract(float* out, const float* a, const float* b, size_t n) override {
+#pragma omp parallel for simd if (n > (1 << 16))
+    for (size_t i = 0; i < n; ++i) out[i] = a[i] - b[i];
+  }
 
   size_t bytes_in_use() const override { return in_use_; }
   size_t peak_bytes() const override { return peak_; }

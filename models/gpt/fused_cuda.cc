@@ -13,6 +13,7 @@
 
 #include "core/cuda/allocator.h"
 #include "core/cuda/check.h"
+#include "core/cuda/codec_gpu.h"
 #include "core/cuda/handles.h"
 #include "core/cuda/kernels.h"
 
@@ -47,6 +48,22 @@ std::optional<FusedBackend::Attention> attention_from_env() {
   spdlog::warn("STARLING_CUDA_ATTENTION={}: not flash, materialized or bf16; ignored", s);
   return std::nullopt;
 }
+
+// FusedUpdateCodec over cuda::GpuCodec.
+class GpuUpdateCodec final : public FusedUpdateCodec {
+ public:
+  explicit GpuUpdateCodec(std::unique_ptr<cuda::GpuCodec> codec) : codec_(std::move(codec)) {}
+  Status encode_into(const float* delta, compress::EncodedUpdate& out) override {
+    return codec_->encode_into(delta, out);
+  }
+  std::vector<float> persistent_state() override { return codec_->persistent_state(); }
+  Status restore_state(std::span<const float> state) override {
+    return codec_->restore_state(state);
+  }
+
+ private:
+  std::unique_ptr<cuda::GpuCodec> codec_;
+};
 
 class CudaBackend final : public FusedBackend {
  public:
@@ -237,6 +254,19 @@ class CudaBackend final : public FusedBackend {
   }
   void clip_scale(float* x, size_t n, const double* norm_sq, double max_norm) override {
     cuda::clip_scale(x, n, norm_sq, max_norm, stream_.get());
+  }
+  void subtract(float* out, const float* a, const float* b, size_t n) override {
+    cuda::subtract(out, a, b, n, stream_.get());
+  }
+  // The GPU codecs on this backend's stream and cuBLAS handle: only the encoded update reaches
+  // the host; the error-feedback residual stays on the device.
+  Result<std::unique_ptr<FusedUpdateCodec>> make_update_codec(std::string_view spec,
+                                                              const compress::Layout& layout,
+                                                              uint64_t seed) override {
+    bind_thread();
+    ASSIGN_OR_RETURN(auto codec,
+                     cuda::GpuCodec::make(spec, layout, seed, stream_.get(), cublas_.get()));
+    return std::unique_ptr<FusedUpdateCodec>(std::make_unique<GpuUpdateCodec>(std::move(codec)));
   }
 
   void bind_thread() override { STARLING_CUDA_CHECK(cudaSetDevice(device_)); }

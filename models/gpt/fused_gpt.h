@@ -151,6 +151,8 @@ class FusedGpt {
   // engine or the next set_data_parallel(nullptr). forward_backward and loss stay local.
   Status set_data_parallel(comm::Communicator* comm, bool overlap = true);
 
+  // The flat parameter buffer in the backend's memory (num_parameters() floats).
+  const float* parameter_buffer() const { return params_; }
   // Host copies for tests and tools.
   std::vector<float> parameters_host();
   std::vector<float> gradients_host();

@@ -229,6 +229,96 @@ TEST_CASE("FedAvg over mutual TLS equals the weighted average, bit for bit", "[n
   }
 }
 
+// A trainer that encodes its own update (LocalTrainer::make_encoder, what a GPU trainer does with
+// the GPU codecs): the formula's delta kept inside, encoded by a host codec of the client's spec
+// and seed.
+class EncodingTrainer final : public LocalTrainer {
+ public:
+  explicit EncodingTrainer(int k) : k_(k) {}
+  const compress::Layout& layout() const override { return layout_; }
+  Result<TrainReport> train(std::span<const float>, const v1::RoundPlan& plan,
+                            std::span<float> delta) override {
+    if (!delta.empty()) ++host_deltas;
+    last_.resize(kNumel);
+    for (int64_t i = 0; i < kNumel; ++i) last_[i] = formula_delta(k_, plan.round(), i);
+    std::copy(last_.begin(), last_.begin() + static_cast<int64_t>(delta.size()), delta.begin());
+    return TrainReport{kWeights[k_], static_cast<float>(k_)};
+  }
+  Result<std::unique_ptr<edge_client::UpdateEncoder>> make_encoder(const std::string& spec,
+                                                                   uint64_t seed) override {
+    ASSIGN_OR_RETURN(auto codec, compress::make_codec(spec, layout_, seed));
+    ++encoders_made;
+    return std::unique_ptr<edge_client::UpdateEncoder>(
+        std::make_unique<Encoder>(std::move(codec), &last_));
+  }
+  int host_deltas = 0;
+  int encoders_made = 0;
+
+ private:
+  class Encoder final : public edge_client::UpdateEncoder {
+   public:
+    Encoder(std::unique_ptr<compress::Codec> codec, const std::vector<float>* last)
+        : codec_(std::move(codec)), last_(last) {}
+    Status encode_into(compress::EncodedUpdate& out) override {
+      return codec_->encode_into(*last_, out);
+    }
+    std::vector<float> persistent_state() override {
+      const auto s = codec_->persistent_state();
+      return {s.begin(), s.end()};
+    }
+    Status restore_state(std::span<const float> state) override {
+      return codec_->restore_state(state);
+    }
+
+   private:
+    std::unique_ptr<compress::Codec> codec_;
+    const std::vector<float>* last_;
+  };
+  int k_;
+  std::vector<float> last_;
+  compress::Layout layout_ = test_layout();
+};
+
+TEST_CASE("a trainer that encodes its own update gives the host encoding's model, bit for bit",
+          "[net]") {
+  // A lossy codec with error feedback: the residual carries from round to round, on the host or
+  // in the trainer's encoder alike.
+  const auto run = [](bool own) {
+    Federation fed;
+    asio::io_context io;
+    auto o = fed.options(3);
+    o.codec = "topk:ratio=0.3,ef=1";
+    auto agg = fed.start_aggregator(io, o);
+    std::vector<std::unique_ptr<LocalTrainer>> trainers;
+    std::vector<std::unique_ptr<EdgeClient>> clients;
+    for (int k = 0; k < 4; ++k) {
+      if (own) {
+        trainers.push_back(std::make_unique<EncodingTrainer>(k));
+      } else {
+        trainers.push_back(std::make_unique<FormulaTrainer>(k));
+      }
+      clients.push_back(fed.start_client(io, k, agg->port(), *trainers.back()));
+    }
+    REQUIRE(run_until(io, kWait, [&] {
+      return agg->done() && std::all_of(clients.begin(), clients.end(),
+                                        [](const auto& c) { return c->finished(); });
+    }));
+    CHECK(agg->error().ok());
+    CHECK(agg->rounds_completed() == 3);
+    if (own) {
+      for (const auto& t : trainers) {
+        const auto& e = static_cast<const EncodingTrainer&>(*t);
+        CHECK(e.encoders_made == 1);  // one per spec, kept across rounds
+        CHECK(e.host_deltas == 0);    // trained without a host delta
+      }
+    }
+    return std::vector<float>(agg->global().begin(), agg->global().end());
+  };
+  const auto host = run(false), own = run(true);
+  CHECK(bit_equal(host, own));
+  CHECK_FALSE(bit_equal(host, expected_fedavg(3)));  // top-k is lossy: the codec really ran
+}
+
 TEST_CASE("uploads and downloads taking turns one at a time still average bit for bit", "[net]") {
   Federation fed;
   asio::io_context io;

@@ -147,3 +147,72 @@ TEST_CASE("fused GPT trainer: data-parallel ranks give one engine's update", "[f
 }
 
 }  // namespace starling::edge_client
+
+namespace starling::edge_client {
+
+// make_encoder: the trainer encodes its update where it lives (a GPU: the GPU codecs, only the
+// encoded bytes reach the host); on the CPU backend the same code runs with the host codecs. The
+// bytes must be those of the client's own host codec on the host delta, error feedback included,
+// round after round, and a saved residual must restore.
+TEST_CASE("fused GPT trainer: its encoder gives the host codec's bytes, residual included",
+          "[fed]") {
+  const auto tokens = text(600);
+  const auto options = tiny_adamw();
+  std::vector<float> g = flatten(models::Gpt(options.model, 5));
+  for (const std::string spec : {"int8:block=16,ef=1", "topk:ratio=0.1,ef=1;*.bias=identity"}) {
+    INFO(spec);
+    for (const auto& device : {FusedDevice{}, FusedDevice{false, {}, 2}}) {
+      auto host = FusedGptTrainer::create(tokens, 20, 500, options, device);
+      auto dev = FusedGptTrainer::create(tokens, 20, 500, options, device);
+      REQUIRE(host.ok());
+      REQUIRE(dev.ok());
+      auto codec = compress::make_codec(spec, (*host)->layout(), 77);
+      REQUIRE(codec.ok());
+      auto enc = (*dev)->make_encoder(spec, 77);
+      INFO(enc.status().to_string());
+      REQUIRE(enc.ok());
+      REQUIRE(*enc != nullptr);
+      // Before any round there is nothing to encode.
+      compress::EncodedUpdate none;
+      CHECK_FALSE((*enc)->encode_into(none).ok());
+      for (const auto& p : {plan(51, 3, 4), plan(52, 2, 4), plan(53, 3, 4)}) {
+        std::vector<float> d(g.size());
+        auto rh = (*host)->train(g, p, d);
+        auto rd = (*dev)->train(g, p, std::span<float>());
+        REQUIRE(rh.ok());
+        INFO(rd.status().to_string());
+        REQUIRE(rd.ok());
+        CHECK(rd->loss == rh->loss);
+        compress::EncodedUpdate a, b;
+        REQUIRE((*codec)->encode_into(d, a).ok());
+        REQUIRE((*enc)->encode_into(b).ok());
+        CHECK(compress::serialize_update(a) == compress::serialize_update(b));
+        for (size_t i = 0; i < g.size(); ++i) g[i] += 0.5f * d[i];
+      }
+      // The residual travels through the client's state file: a new encoder restored from it
+      // continues as the old one would.
+      const auto saved = (*enc)->persistent_state();
+      const auto host_state = (*codec)->persistent_state();
+      REQUIRE(saved.size() == host_state.size());
+      CHECK(std::equal(saved.begin(), saved.end(), host_state.begin()));
+      auto again = (*dev)->make_encoder(spec, 77);
+      REQUIRE(again.ok());
+      REQUIRE((*again)->restore_state(saved).ok());
+      std::vector<float> bad(saved.size() + 1);
+      CHECK_FALSE((*again)->restore_state(bad).ok());
+      std::vector<float> d(g.size());
+      REQUIRE((*host)->train(g, plan(54, 2, 4), d).ok());
+      REQUIRE((*dev)->train(g, plan(54, 2, 4), std::span<float>()).ok());
+      compress::EncodedUpdate a, b;
+      REQUIRE((*codec)->encode_into(d, a).ok());
+      REQUIRE((*again)->encode_into(b).ok());
+      CHECK(compress::serialize_update(a) == compress::serialize_update(b));
+    }
+  }
+  // An empty delta without an encoder is refused.
+  auto plain = FusedGptTrainer::create(tokens, 20, 500, options, FusedDevice{});
+  REQUIRE(plain.ok());
+  CHECK_FALSE((*plain)->train(g, plan(55, 1, 4), std::span<float>()).ok());
+}
+
+}  // namespace starling::edge_client
