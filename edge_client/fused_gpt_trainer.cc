@@ -6,11 +6,12 @@
 #include <chrono>
 #include <cmath>
 
+#include "edge_client/local_steps.h"
 #include "edge_client/model_params.h"
 #include "models/gpt/fused_backend.h"
 
 namespace starling::edge_client {
-namespace {
+namespace {}  // namespace
 
 compress::Layout layout_of_fused(const models::GptConfig& config) {
   compress::Layout layout;
@@ -19,8 +20,6 @@ compress::Layout layout_of_fused(const models::GptConfig& config) {
   }
   return layout;
 }
-
-}  // namespace
 
 Result<std::unique_ptr<models::FusedBackend>> make_fused_backend(const FusedDevice& device,
                                                                  int rank) {
@@ -157,10 +156,7 @@ Status FusedGptTrainer::run_steps(std::span<const float> global, const v1::Round
                                                  opt, options_.grad_clip)
                          : engine_->train_step(x.data(), y.data(), x.size(), plan.learning_rate(),
                                                opt, options_.grad_clip));
-    if (!std::isfinite(r.loss)) {
-      return internal_error("local training diverged at step " + std::to_string(step) + " (loss " +
-                            std::to_string(r.loss) + "; lower local.learning_rate?)");
-    }
+    RETURN_IF_ERROR(check_step_loss(step, r.loss));
     *loss_sum += r.loss;
   }
   return ok_status();
@@ -212,9 +208,9 @@ Result<TrainReport> FusedGptTrainer::train(std::span<const float> global, const 
 }
 
 int64_t FusedGptTrainer::layout_numel() const {
-  int64_t n = 0;
-  for (const auto& t : layout_) n = std::max(n, t.offset + shape_numel(t.shape));
-  return n;
+  // The layout is fused_gpt_layout's, which tiles the buffer by construction.
+  const auto n = compress::validate_layout(layout_);
+  return n.ok() ? *n : 0;
 }
 
 namespace {

@@ -32,6 +32,10 @@ struct FusedDevice {
   int gpu(int rank) const { return gpus.empty() ? 0 : gpus[static_cast<size_t>(rank)]; }
 };
 
+// The flat layout of the fused engine's parameters (models::fused_gpt_layout of a GPT or of an
+// MDLM's trunk): models::Gpt's state-dict names, shapes and order, the federation's layout.
+compress::Layout layout_of_fused(const models::GptConfig& config);
+
 // The backend of rank `rank` on `device`: the CPU backend, or the CUDA backend on its GPU (the
 // backend's error when that GPU is missing).
 Result<std::unique_ptr<models::FusedBackend>> make_fused_backend(const FusedDevice& device,

@@ -1,10 +1,10 @@
 #include "edge_client/fused_mdlm_trainer.h"
 
-#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "edge_client/gpt_trainer.h"
+#include "edge_client/local_steps.h"
 #include "edge_client/model_params.h"
 
 namespace starling::edge_client {
@@ -46,7 +46,7 @@ FusedMdlmTrainer::FusedMdlmTrainer(std::shared_ptr<const std::vector<int32_t>> t
       end_(end),
       options_(std::move(options)),
       device_(std::move(device)),
-      layout_(layout_of(models::Mdlm(options_.model, 0))) {}
+      layout_(layout_of_fused(options_.model.trunk_config())) {}
 
 Result<TrainReport> FusedMdlmTrainer::train(std::span<const float> global,
                                             const v1::RoundPlan& plan, std::span<float> delta) {
@@ -79,36 +79,16 @@ Result<TrainReport> FusedMdlmTrainer::train(std::span<const float> global,
     ASSIGN_OR_RETURN(const auto r,
                      engine_->train_step(Tensor::from_vector(x, {B, T}), rng, plan.learning_rate(),
                                          opt, options_.steps.grad_clip));
-    if (!std::isfinite(r.loss)) {
-      return internal_error("local training diverged at step " + std::to_string(step) + " (loss " +
-                            std::to_string(r.loss) + "; lower local.learning_rate?)");
-    }
+    RETURN_IF_ERROR(check_step_loss(step, r.loss));
     loss_sum += r.loss;
   }
-  // The trunk's tensors at the federation's offsets, by name.
-  const io::StateDict sd = engine_->state_dict();
-  size_t filled = 0;
-  for (const auto& e : layout_) {
-    const auto it =
-        std::find_if(sd.begin(), sd.end(), [&](const auto& kv) { return kv.first == e.name; });
-    const int64_t numel = shape_numel(e.shape);
-    if (it == sd.end() || it->second.numel() != numel ||
-        static_cast<size_t>(e.offset + numel) > global.size()) {
-      return internal_error("fused MDLM trainer: the engine has no tensor '" + e.name +
-                            "' of the federation's shape " + shape_str(e.shape));
-    }
-    const Tensor c = it->second.contiguous();
-    const float* p = c.data<float>();
-    for (int64_t i = 0; i < numel; ++i) {
-      const auto k = static_cast<size_t>(e.offset + i);
-      delta[k] = p[i] - global[k];
-    }
-    filled += static_cast<size_t>(numel);
-  }
-  if (filled != global.size()) {
-    return internal_error("fused MDLM trainer: the layout covers " + std::to_string(filled) +
+  // The trunk's buffer is in the federation's layout (layout_of_fused).
+  const std::vector<float> local = engine_->trunk().parameters_host();
+  if (local.size() != global.size()) {
+    return internal_error("fused MDLM trainer: the engine holds " + std::to_string(local.size()) +
                           " parameters, the federation's model " + std::to_string(global.size()));
   }
+  for (size_t i = 0; i < local.size(); ++i) delta[i] = local[i] - global[i];
   return TrainReport{static_cast<uint64_t>(n), static_cast<float>(loss_sum / steps)};
 }
 

@@ -42,7 +42,7 @@ class FusedMdlmTrainer : public LocalTrainer {
   int64_t end_;
   MdlmTrainerOptions options_;
   FusedDevice device_;
-  compress::Layout layout_;  // models::Mdlm's, the federation's
+  compress::Layout layout_;  // the trunk's (layout_of_fused), equal to models::Mdlm's
   std::string where_;
   std::unique_ptr<models::FusedBackend> backend_;  // made by create(), taken by the first engine
   std::unique_ptr<models::FusedMdlm> engine_;

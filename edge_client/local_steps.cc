@@ -24,6 +24,12 @@ LocalStepOptions local_step_options(const v1::FederationConfig& c) {
   return o;
 }
 
+Status check_step_loss(int64_t step, double loss) {
+  if (std::isfinite(loss)) return ok_status();
+  return internal_error("local training diverged at step " + std::to_string(step) + " (loss " +
+                        std::to_string(loss) + "; lower local.learning_rate?)");
+}
+
 Result<float> run_local_steps(nn::Module& model, std::span<const float> global,
                               const v1::RoundPlan& plan, int64_t steps,
                               const LocalStepOptions& options, const BatchLoss& batch_loss,
@@ -46,10 +52,7 @@ Result<float> run_local_steps(nn::Module& model, std::span<const float> global,
     model.zero_grad();
     Tensor loss = batch_loss(step, rng);
     const double loss_v = loss.item();
-    if (!std::isfinite(loss_v)) {
-      return internal_error("local training diverged at step " + std::to_string(step) + " (loss " +
-                            std::to_string(loss_v) + "; lower local.learning_rate?)");
-    }
+    RETURN_IF_ERROR(check_step_loss(step, loss_v));
     loss_sum += loss_v;
     autograd::backward(loss);
     if (options.grad_clip > 0) optim::clip_grad_norm(params, options.grad_clip);

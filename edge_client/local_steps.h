@@ -28,6 +28,10 @@ struct LocalStepOptions {
 // [model] local_optimizer, adamw_* and grad_clip, and [local] prox_mu.
 LocalStepOptions local_step_options(const v1::FederationConfig& config);
 
+// Internal error naming the step when a local step's loss is not finite (the round diverged);
+// ok otherwise. Every local trainer's loop checks its steps with it.
+Status check_step_loss(int64_t step, double loss);
+
 // Returns the differentiable scalar loss of step `step`; draws its batch and noise from `rng`.
 using BatchLoss = std::function<Tensor(int64_t step, Rng& rng)>;
 

@@ -52,29 +52,16 @@ class MdlmTask final : public SimTask {
     const auto k = static_cast<size_t>(client);
     return trainer_on(train_, bounds_[k], bounds_[k + 1], client);
   }
-  // The autograd MdlmTrainer on the CPU, the fused engine on device_.of(client)'s GPU. A GPU
-  // that went away after the task was made fails every round with the reason.
+  // The autograd MdlmTrainer on the CPU, the fused engine on [client] device "cuda".
   std::unique_ptr<edge_client::LocalTrainer> trainer_on(
       std::shared_ptr<const std::vector<int32_t>> tokens, int64_t begin, int64_t end,
       int client) const {
-    if (!device_.fused()) {
-      return std::make_unique<edge_client::MdlmTrainer>(std::move(tokens), begin, end, options_);
-    }
-    auto t = edge_client::FusedMdlmTrainer::create(std::move(tokens), begin, end, options_,
-                                                   device_.of(client));
-    if (t.ok()) return std::move(*t);
-    return std::make_unique<FailedTrainer>(layout_, t.status());
+    return device_.text_trainer<edge_client::MdlmTrainer, edge_client::FusedMdlmTrainer>(
+        std::move(tokens), begin, end, options_, client, layout_);
   }
-  // Whether [client] device can train here, naming `source` and the key.
   Status check_device(std::string_view source) const {
-    for (const auto& d : device_.to_check()) {
-      auto t = edge_client::FusedMdlmTrainer::create(train_, bounds_.front(), bounds_.back(),
-                                                     options_, d);
-      if (!t.ok()) {
-        return t.status().with_context(std::string(source) + ": key 'client.device' = \"cuda\"");
-      }
-    }
-    return ok_status();
+    return device_.check_text<edge_client::FusedMdlmTrainer>(source, train_, bounds_.front(),
+                                                             bounds_.back(), options_);
   }
   Result<std::unique_ptr<edge_client::LocalTrainer>> make_local_trainer(
       const std::filesystem::path& path, std::string* describe) const override {

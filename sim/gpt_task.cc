@@ -123,30 +123,16 @@ class ShakespeareTask final : public SimTask {
   std::unique_ptr<edge_client::LocalTrainer> make_central_trainer() const override {
     return trainer_on(train_, bounds_.front(), bounds_.back(), 0);
   }
-  // A trainer on tokens[begin, end) on [client] device: the autograd GptTrainer on the CPU, the
-  // fused engine on the GPUs of device_.of(client). A GPU that went away after the task was made
-  // fails every round with the reason (never a silent CPU run).
+  // The autograd GptTrainer on the CPU, the fused engine on [client] device "cuda".
   std::unique_ptr<edge_client::LocalTrainer> trainer_on(
       std::shared_ptr<const std::vector<int32_t>> tokens, int64_t begin, int64_t end,
       int client) const {
-    if (!device_.fused()) {
-      return std::make_unique<edge_client::GptTrainer>(tokens, begin, end, options_);
-    }
-    auto t = edge_client::FusedGptTrainer::create(tokens, begin, end, options_, device_.of(client));
-    if (t.ok()) return std::move(*t);
-    return std::make_unique<FailedTrainer>(layout_, t.status());
+    return device_.text_trainer<edge_client::GptTrainer, edge_client::FusedGptTrainer>(
+        std::move(tokens), begin, end, options_, client, layout_);
   }
-  // Whether [client] device can train here: every GPU exists (and several join, for an edge
-  // client's data parallel) and the engine takes the model. Errors name `source` and the key.
   Status check_device(std::string_view source) const {
-    for (const auto& d : device_.to_check()) {
-      auto t = edge_client::FusedGptTrainer::create(train_, bounds_.front(), bounds_.back(),
-                                                    options_, d);
-      if (!t.ok()) {
-        return t.status().with_context(std::string(source) + ": key 'client.device' = \"cuda\"");
-      }
-    }
-    return ok_status();
+    return device_.check_text<edge_client::FusedGptTrainer>(source, train_, bounds_.front(),
+                                                            bounds_.back(), options_);
   }
   Result<std::unique_ptr<edge_client::LocalTrainer>> make_local_trainer(
       const std::filesystem::path& path, std::string* describe) const override {

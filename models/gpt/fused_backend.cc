@@ -61,9 +61,8 @@ class HostUpdateCodec final : public FusedUpdateCodec {
 
 Result<std::unique_ptr<FusedUpdateCodec>> FusedBackend::make_update_codec(
     std::string_view spec, const compress::Layout& layout, uint64_t seed) {
+  ASSIGN_OR_RETURN(const int64_t numel, compress::validate_layout(layout));
   ASSIGN_OR_RETURN(auto codec, compress::make_codec(spec, layout, seed));
-  int64_t numel = 0;
-  for (const auto& t : layout) numel = std::max(numel, t.offset + shape_numel(t.shape));
   return std::unique_ptr<FusedUpdateCodec>(
       std::make_unique<HostUpdateCodec>(std::move(codec), numel));
 }

@@ -44,6 +44,7 @@ void check_matches_autograd(const MdlmTrainerOptions& options) {
   REQUIRE(la.size() == lf.size());
   for (size_t i = 0; i < la.size(); ++i) {
     CHECK(la[i].name == lf[i].name);
+    CHECK(la[i].shape == lf[i].shape);
     CHECK(la[i].offset == lf[i].offset);
   }
   // Forward and backward agree to ~1e-6 (tests/models/fused_mdlm_test.cc); the round's AdamW
