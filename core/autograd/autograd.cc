@@ -6,6 +6,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/tensor/device_backend.h"
+
 namespace starling::autograd {
 
 namespace {
@@ -44,6 +46,34 @@ Tensor sum_to_new(const Tensor& a, const Tensor& b) {
   accumulate_into(out, b);
   return out;
 }
+// dst += src where either lives on a device: the device's own add when its backend has one,
+// else through host memory.
+void accumulate_on_device(Tensor& dst, const Tensor& src) {
+  if (dst.device() != src.device()) {
+    fatal("gradient on " + device_str(src.device()) + " for a tensor on " +
+          device_str(dst.device()));
+  }
+  if (dst.dtype() != DType::kF32 || src.dtype() != DType::kF32 || !dst.is_contiguous()) {
+    fatal("gradient accumulation on " + device_str(dst.device()) + " takes contiguous f32 tensors");
+  }
+  const Tensor s = src.contiguous();
+  DeviceBackend* backend = device_backend(dst.device().type);
+  const Status st = backend->accumulate_f32(dst.device_data<float>(), s.device_data<float>(),
+                                            static_cast<size_t>(dst.numel()), dst.device().index);
+  if (st.ok()) return;
+  if (st.code() != StatusCode::kUnimplemented) {
+    fatal("gradient accumulation on " + device_str(dst.device()) + ": " + st.to_string());
+  }
+  auto hd = dst.to(Device::cpu());
+  auto hs = s.to(Device::cpu());
+  if (!hd.ok() || !hs.ok()) fatal("gradient accumulation: copy to the host failed");
+  Tensor h = hd->clone();
+  accumulate_into(h, *hs);
+  const Status back = backend->copy(dst.device_data<float>(), h.data<float>(), h.nbytes(),
+                                    DeviceBackend::Direction::kHostToDevice, dst.device().index);
+  if (!back.ok()) fatal("gradient accumulation: copy back: " + back.to_string());
+}
+
 }  // namespace
 
 bool grad_enabled() { return g_grad_enabled; }
@@ -72,6 +102,10 @@ void accumulate_into(Tensor& dst, const Tensor& src) {
     fatal("gradient of shape " + shape_str(src.shape()) + " for tensor of shape " +
           shape_str(dst.shape()));
   }
+  if (!dst.is_cpu() || !src.is_cpu()) {
+    accumulate_on_device(dst, src);
+    return;
+  }
   const Tensor s = src.dtype() == dst.dtype() ? src.contiguous() : src.to(dst.dtype()).contiguous();
   if (dst.dtype() == DType::kF32) {
     add_loop(dst.data<float>(), s.data<float>(), dst.numel());
@@ -88,6 +122,11 @@ void backward(const Tensor& root, const Tensor& grad_output, const LeafGradHook&
   if (!g0.defined()) {
     if (root.numel() != 1) fatal("backward() without grad_output needs a one-element root");
     g0 = Tensor::ones(root.shape(), root.dtype());
+    if (!root.is_cpu()) {
+      auto on = g0.to(root.device());
+      if (!on.ok()) fatal("backward(): the seed gradient: " + on.status().to_string());
+      g0 = *on;
+    }
   }
   NoGradGuard no_grad;
 

@@ -97,6 +97,24 @@ Status Module::load_state_dict(const io::StateDict& sd, bool strict) {
   return ok_status();
 }
 
+Status Module::to(Device device) {
+  for (auto& [name, p] : named_parameters()) {
+    if (p.device() == device) continue;
+    auto moved = p.to(device);
+    if (!moved.ok()) {
+      return Status(moved.status().code(), "parameter '" + name + "' to " + device_str(device) +
+                                               ": " + moved.status().message());
+    }
+    TensorImpl& impl = *p.impl();
+    impl.storage = moved->impl()->storage;
+    impl.strides = moved->impl()->strides;
+    impl.offset = moved->impl()->offset;
+    impl.device = device;
+    impl.grad = nullptr;
+  }
+  return ok_status();
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& [name, child] : children_) child->train(on);

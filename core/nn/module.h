@@ -40,6 +40,12 @@ class Module {
   // present and no extra names allowed. Errors name the key and the shapes.
   Status load_state_dict(const io::StateDict& sd, bool strict = true);
 
+  // Moves every parameter to `device` in place (their storage; a gradient held is dropped): the
+  // handles that alias a parameter (a layer's `weight` member, an optimizer's list) follow it.
+  // Parameters that share one storage through different views would be parted: none of our
+  // models do that. Errors name the parameter and the device.
+  Status to(Device device);
+
   void train(bool on = true);
   bool training() const { return training_; }
   void zero_grad();

@@ -4,6 +4,7 @@
 
 #include "core/autograd/autograd.h"
 #include "core/ops/activation.h"
+#include "core/ops/device_ops.h"
 #include "core/ops/internal/fast_math.h"
 #include "core/ops/internal/op_util.h"
 
@@ -101,6 +102,7 @@ Tensor gelu(const Tensor& x, GeluApprox approx) {
 }
 
 Tensor silu(const Tensor& x) {
+  if (!x.is_cpu()) return internal::device_ops_for("silu", {&x}).unary(DeviceOps::Unary::kSilu, x);
   return pointwise(
       x, "silu", [](auto v) { return silu_fwd(v); }, [](auto v) { return silu_bwd(v); });
 }

@@ -8,6 +8,7 @@
 
 #include "core/autograd/autograd.h"
 #include "core/ops/attention.h"
+#include "core/ops/device_ops.h"
 #include "core/ops/internal/op_util.h"
 #include "core/ops/matmul.h"
 #include "core/ops/softmax.h"
@@ -144,6 +145,13 @@ std::string AttnMask::check(int64_t n) const {
 }
 
 Tensor attention_packed(const Tensor& qkv, int64_t n_head, bool causal) {
+  if (!qkv.is_cpu()) {
+    STARLING_OP_CHECK(qkv.dim() == 3 && qkv.shape()[2] % 3 == 0, "attention",
+                      "qkv must be (B, T, 3C), got " + shape_str(qkv.shape()));
+    STARLING_OP_CHECK(n_head > 0 && (qkv.shape()[2] / 3) % n_head == 0, "attention",
+                      "C not divisible by n_head");
+    return internal::device_ops_for("attention", {&qkv}).attention_packed(qkv, n_head, causal);
+  }
   return attention_packed(qkv, n_head, causal ? AttnMask::causal() : AttnMask::full());
 }
 
@@ -155,6 +163,8 @@ Tensor attention_packed(const Tensor& qkv, int64_t n_head, const AttnMask& mask)
   const int64_t D = C / n_head;
   const std::string bad = mask.check(Tn);
   STARLING_OP_CHECK(bad.empty(), "attention", bad);
+  STARLING_OP_CHECK(qkv.is_cpu(), "attention",
+                    "on " + device_str(qkv.device()) + " only the full and causal masks run");
   const Tensor x = qkv.contiguous();
   Tensor out = Tensor::uninitialized({B, Tn, C}, qkv.dtype());
   Tensor probs = Tensor::uninitialized({B, n_head, Tn, Tn}, qkv.dtype());

@@ -4,6 +4,7 @@
 
 #include "core/autograd/autograd.h"
 #include "core/ops/concat.h"
+#include "core/ops/device_ops.h"
 #include "core/ops/internal/op_util.h"
 
 namespace starling::ops {
@@ -24,6 +25,12 @@ Tensor cat(const std::vector<Tensor>& parts, int64_t dim) {
                       "cannot join " + shape_str(p.shape()) + " to " + shape_str(first.shape()) +
                           " along dim " + std::to_string(dim));
     out_shape[dim] += p.shape()[dim];
+  }
+  bool device = false;
+  for (const Tensor& p : parts) device = device || !p.is_cpu();
+  if (device) {
+    for (const Tensor& p : parts) internal::device_ops_for(op, {&first, &p});
+    return internal::device_ops_for(op, {&first}).cat(parts, dim);
   }
   int64_t outer = 1, inner = 1;
   for (int64_t d = 0; d < dim; ++d) outer *= out_shape[d];

@@ -20,6 +20,7 @@
 
 #include "core/autograd/autograd.h"
 #include "core/ops/conv.h"
+#include "core/ops/device_ops.h"
 #include "core/ops/internal/conv_kernels.h"
 #include "core/ops/internal/op_util.h"
 #include "core/ops/matmul.h"
@@ -932,6 +933,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
       op,
       "residual must be the output's shape " + shape_str({g.b, g.co, g.ho, g.wo}) +
           " and dtype, got " + (has_res ? shape_str(residual.shape()) : std::string()));
+  if (internal::any_on_device({&x, &w, &bias, &residual})) {
+    return internal::device_ops_for(op, {&x, &w, &bias, &residual})
+        .conv2d(x, w, bias, stride, padding, residual);
+  }
   const Tensor xc = x.contiguous(), wc = w.contiguous();
   const Tensor bc = has_bias ? bias.contiguous() : Tensor();
   const Tensor rc = has_res ? residual.contiguous() : Tensor();

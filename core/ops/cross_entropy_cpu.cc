@@ -8,6 +8,7 @@
 
 #include "core/autograd/autograd.h"
 #include "core/ops/cross_entropy.h"
+#include "core/ops/device_ops.h"
 #include "core/ops/internal/op_util.h"
 #include "core/ops/matmul.h"
 
@@ -87,6 +88,13 @@ Tensor weighted_ce(const Tensor& logits, const Tensor& targets, std::vector<doub
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index) {
+  if (internal::any_on_device({&logits, &targets})) {
+    STARLING_OP_CHECK(logits.dim() == 2, "cross_entropy", "logits must be (N, V)");
+    STARLING_OP_CHECK(targets.dtype() == DType::kI32 && targets.numel() == logits.shape()[0],
+                      "cross_entropy", "targets must be i32 of shape (N)");
+    return internal::device_ops_for("cross_entropy", {&logits, &targets})
+        .cross_entropy(logits, targets, ignore_index);
+  }
   check_inputs(logits, targets, ignore_index, "cross_entropy");
   const int64_t n = logits.shape()[0];
   const Tensor tc = targets.contiguous();

@@ -3,6 +3,7 @@
 #include <functional>
 
 #include "core/autograd/autograd.h"
+#include "core/ops/device_ops.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/internal/op_util.h"
 #include "core/ops/reduce.h"
@@ -138,9 +139,17 @@ Tensor raw_binary(const Tensor& a, const Tensor& b, BinOp op) {
   return binary_forward(a, b, op, "elementwise");
 }
 
+// Devices do not broadcast: both operands of one shape.
+Tensor device_binary(DeviceOps::Binary op, const char* name, const Tensor& a, const Tensor& b) {
+  STARLING_OP_CHECK(a.shape() == b.shape(), name,
+                    "on a device both operands must have one shape, got " + shape_str(a.shape()) +
+                        " and " + shape_str(b.shape()));
+  return internal::device_ops_for(name, {&a, &b}).binary(op, a, b);
+}
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  if (internal::any_on_device({&a, &b})) return device_binary(DeviceOps::Binary::kAdd, "add", a, b);
   Tensor out = binary_forward(a, b, BinOp::kAdd, "add");
   if (!autograd::needs_grad({&a, &b})) return out;
   const Shape sa = a.shape(), sb = b.shape();
@@ -150,6 +159,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  if (internal::any_on_device({&a, &b})) return device_binary(DeviceOps::Binary::kSub, "sub", a, b);
   Tensor out = binary_forward(a, b, BinOp::kSub, "sub");
   if (!autograd::needs_grad({&a, &b})) return out;
   const Shape sa = a.shape(), sb = b.shape();
@@ -160,6 +170,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (internal::any_on_device({&a, &b})) return device_binary(DeviceOps::Binary::kMul, "mul", a, b);
   Tensor out = binary_forward(a, b, BinOp::kMul, "mul");
   if (!autograd::needs_grad({&a, &b})) return out;
   const Tensor da = a.detach(), db = b.detach();
@@ -194,6 +205,7 @@ Tensor add_scalar(const Tensor& a, double s) {
 }
 
 Tensor mul_scalar(const Tensor& a, double s) {
+  if (!a.is_cpu()) return internal::device_ops_for("mul_scalar", {&a}).mul_scalar(a, s);
   Tensor out = dispatch_float(a.dtype(), "mul_scalar", [&]<typename T>() {
     const T v = static_cast<T>(s);
     return unary_kernel<T>(a, [v](T x) { return x * v; });
@@ -252,6 +264,9 @@ Tensor tanh(const Tensor& a) {
 }
 
 Tensor square(const Tensor& a) {
+  if (!a.is_cpu()) {
+    return internal::device_ops_for("square", {&a}).unary(DeviceOps::Unary::kSquare, a);
+  }
   return unary_op(
       a, "square", [](auto x) { return x * x; }, [](auto x, auto) { return 2 * x; });
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/autograd/autograd.h"
+#include "core/ops/device_ops.h"
 #include "core/ops/internal/op_util.h"
 #include "core/ops/internal/small_gemm.h"
 #include "core/ops/matmul.h"
@@ -241,6 +242,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   STARLING_OP_CHECK(
       x.shape().back() == w.shape()[1], "linear",
       "input " + shape_str(x.shape()) + " does not match weight " + shape_str(w.shape()));
+  if (internal::any_on_device({&x, &w, &bias})) {
+    return internal::device_ops_for("linear", {&x, &w, &bias}).linear(x, w, bias);
+  }
   STARLING_OP_CHECK(x.dtype() == w.dtype(), "linear", "dtype mismatch");
   const Tensor x2 = flatten_rows(x);
   const int64_t rows = x2.shape()[0], out_f = w.shape()[0];

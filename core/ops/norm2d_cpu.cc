@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/autograd/autograd.h"
+#include "core/ops/device_ops.h"
 #include "core/ops/internal/fast_math.h"
 #include "core/ops/internal/op_util.h"
 #include "core/ops/norm2d.h"
@@ -158,6 +159,10 @@ Tensor group_norm_impl(const char* op, const Tensor& x, int64_t groups, const Te
                     op,
                     "shift must be (B, C) = (" + std::to_string(b) + ", " + std::to_string(c) +
                         ") of the input's dtype");
+  if (internal::any_on_device({&x, &weight, &bias, &shift})) {
+    return internal::device_ops_for(op, {&x, &weight, &bias, &shift})
+        .group_norm(x, shift, groups, weight, bias, eps, silu);
+  }
   const int64_t hw = x.numel() / (b * c), cg = c / groups, rows = b * groups, len = cg * hw;
   const Tensor xc = x.contiguous(), wc = weight.contiguous();
   const Tensor bc = has_bias ? bias.contiguous() : Tensor();

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/autograd/autograd.h"
+#include "core/ops/device_ops.h"
 #include "core/ops/internal/op_util.h"
 #include "core/ops/pool.h"
 
@@ -27,6 +28,7 @@ Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride) {
       kernel >= 1 && kernel <= h && kernel <= w, op,
       "kernel " + std::to_string(kernel) + " does not fit input " + shape_str(x.shape()));
   const int64_t ho = (h - kernel) / stride + 1, wo = (w - kernel) / stride + 1;
+  if (!x.is_cpu()) return internal::device_ops_for(op, {&x}).max_pool2d(x, kernel, stride);
   const Tensor xc = x.contiguous();
   Tensor out = Tensor::uninitialized({x.shape()[0], x.shape()[1], ho, wo}, x.dtype());
   // Flat index (within the plane) of each output's maximum, for the backward pass.
@@ -126,6 +128,7 @@ Tensor upsample_nearest2d(const Tensor& x, int64_t scale) {
   const char* op = "upsample_nearest2d";
   check_nchw(x, op);
   STARLING_OP_CHECK(scale >= 1, op, "scale must be >= 1, got " + std::to_string(scale));
+  if (!x.is_cpu()) return internal::device_ops_for(op, {&x}).upsample_nearest2d(x, scale);
   const int64_t planes = x.shape()[0] * x.shape()[1], h = x.shape()[2], w = x.shape()[3];
   const int64_t ho = h * scale, wo = w * scale;
   const Tensor xc = x.contiguous();

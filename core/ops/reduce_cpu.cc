@@ -1,5 +1,6 @@
 // CPU reductions, accumulated in double for f32 inputs so long sums stay accurate.
 #include "core/autograd/autograd.h"
+#include "core/ops/device_ops.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/internal/op_util.h"
 #include "core/ops/reduce.h"
@@ -86,6 +87,7 @@ Tensor sum(const Tensor& a, int64_t dim, bool keepdim) {
 }
 
 Tensor mean(const Tensor& a) {
+  if (!a.is_cpu()) return internal::device_ops_for("mean", {&a}).mean(a);
   const double n = static_cast<double>(a.numel());
   return mul_scalar(sum(a), n > 0 ? 1.0 / n : 0.0);
 }

@@ -1,11 +1,13 @@
 // CPU ReLU and its backward.
 #include "core/autograd/autograd.h"
+#include "core/ops/device_ops.h"
 #include "core/ops/internal/op_util.h"
 #include "core/ops/relu.h"
 
 namespace starling::ops {
 
 Tensor relu(const Tensor& x) {
+  if (!x.is_cpu()) return internal::device_ops_for("relu", {&x}).unary(DeviceOps::Unary::kRelu, x);
   const Tensor xc = x.contiguous();
   Tensor out = Tensor::uninitialized(x.shape(), x.dtype());
   internal::dispatch_float(x.dtype(), "relu", [&]<typename T>() {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/autograd/autograd.h"
+#include "core/ops/device_ops.h"
 #include "core/ops/internal/op_util.h"
 #include "core/ops/time_embedding.h"
 
@@ -22,6 +23,9 @@ Tensor timestep_embedding(const Tensor& t, int64_t dim, double max_period) {
   STARLING_OP_CHECK(t.dim() == 1, op, "times must be (B), got " + shape_str(t.shape()));
   STARLING_OP_CHECK(dim >= 2 && dim % 2 == 0, op,
                     "dim must be even and >= 2, got " + std::to_string(dim));
+  if (!t.is_cpu()) {
+    return internal::device_ops_for(op, {&t}).timestep_embedding(t, dim, max_period);
+  }
   const int64_t b = t.shape()[0], half = dim / 2;
   const Tensor tc = t.contiguous();
   Tensor out = Tensor::uninitialized({b, dim}, t.dtype());

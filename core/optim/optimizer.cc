@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "core/autograd/autograd.h"
+#include "core/ops/device_ops.h"
 
 namespace starling::optim {
 
@@ -17,7 +20,67 @@ void for_float(const Tensor& t, F&& f) {
     f.template operator()<double>();
   }
 }
+
+// The update loops, one definition for the CPU optimizers and for devices that step through the
+// host (internal::adamw_update_f32, sgd_update_f32).
+template <typename T>
+void sgd_loop(T* pp, const T* pg, T* pv, int64_t n, const ops::DeviceSgd& s) {
+  const T mom = static_cast<T>(s.momentum), tlr = static_cast<T>(s.lr),
+          twd = static_cast<T>(s.weight_decay);
+  const bool first = s.first_step, nesterov = s.nesterov;
+#pragma omp parallel for simd if (n > (1 << 15))
+  for (int64_t j = 0; j < n; ++j) {
+    T d = pg[j] + twd * pp[j];
+    if (mom != T(0)) {
+      pv[j] = first ? d : mom * pv[j] + d;
+      d = nesterov ? d + mom * pv[j] : pv[j];
+    }
+    pp[j] -= tlr * d;
+  }
+}
+
+template <typename T>
+void adamw_loop(T* pp, const T* pg, T* pm, T* pv, int64_t n, const ops::DeviceAdamW& a) {
+  const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
+  const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(a.step));
+  const T b1 = static_cast<T>(a.beta1), b2 = static_cast<T>(a.beta2);
+  const T step_size = static_cast<T>(a.lr / bc1);
+  const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
+  const T eps = static_cast<T>(a.eps);
+  const T decay = static_cast<T>(1.0 - a.lr * a.weight_decay);
+#pragma omp parallel for simd if (n > (1 << 15))
+  for (int64_t j = 0; j < n; ++j) {
+    const T g = pg[j];
+    pm[j] = b1 * pm[j] + (1 - b1) * g;
+    pv[j] = b2 * pv[j] + (1 - b2) * g * g;
+    const T denom = std::sqrt(pv[j]) * inv_sqrt_bc2 + eps;
+    pp[j] = pp[j] * decay - step_size * pm[j] / denom;
+  }
+}
+
+// Optimizer state lives where its parameter lives: moved once, on the first step after the
+// parameter moved (a model sent to a GPU after its optimizer was made).
+void follow(Tensor& state, const Tensor& param) {
+  if (state.device() == param.device()) return;
+  auto moved = state.to(param.device());
+  if (!moved.ok()) {
+    std::fprintf(stderr, "starling: optimizer state to %s: %s\n",
+                 device_str(param.device()).c_str(), moved.status().to_string().c_str());
+    std::abort();
+  }
+  state = *moved;
+}
 }  // namespace
+
+namespace internal {
+void adamw_update_f32(float* p, const float* g, float* m, float* v, int64_t n,
+                      const ops::DeviceAdamW& a) {
+  adamw_loop<float>(p, g, m, v, n, a);
+}
+void sgd_update_f32(float* p, const float* g, float* velocity, int64_t n, const ops::DeviceSgd& s) {
+  sgd_loop<float>(p, g, velocity, n, s);
+}
+}  // namespace internal
 
 std::vector<ParamGroup> decay_matrices_only(const std::vector<Tensor>& params) {
   std::vector<ParamGroup> out;
@@ -42,22 +105,16 @@ void Sgd::step(double lr) {
     if (!grad.defined()) continue;
     const double wd = params_[i].decay ? opt_.weight_decay : 0.0;
     const bool first = steps_ == 1;
+    if (!p.is_cpu()) {
+      follow(velocity_[i], p);
+      ops::internal::device_ops_for("Sgd", {&p, &grad})
+          .sgd_step(p, grad, velocity_[i],
+                    ops::DeviceSgd{lr, opt_.momentum, wd, opt_.nesterov, first});
+      continue;
+    }
     for_float(p, [&]<typename T>() {
-      T* pp = p.data<T>();
-      const T* pg = grad.data<T>();
-      T* pv = velocity_[i].data<T>();
-      const int64_t n = p.numel();
-      const T mom = static_cast<T>(opt_.momentum), tlr = static_cast<T>(lr),
-              twd = static_cast<T>(wd);
-#pragma omp parallel for simd if (n > (1 << 15))
-      for (int64_t j = 0; j < n; ++j) {
-        T d = pg[j] + twd * pp[j];
-        if (mom != T(0)) {
-          pv[j] = first ? d : mom * pv[j] + d;
-          d = opt_.nesterov ? d + mom * pv[j] : pv[j];
-        }
-        pp[j] -= tlr * d;
-      }
+      sgd_loop<T>(p.data<T>(), grad.data<T>(), velocity_[i].data<T>(), p.numel(),
+                  ops::DeviceSgd{lr, opt_.momentum, wd, opt_.nesterov, first});
     });
   }
 }
@@ -73,32 +130,22 @@ AdamW::AdamW(std::vector<ParamGroup> params, AdamWOptions opt)
 void AdamW::step(double lr) {
   autograd::NoGradGuard ng;
   ++steps_;
-  const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(steps_));
-  const double bc2 = 1.0 - std::pow(opt_.beta2, static_cast<double>(steps_));
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor p = params_[i].param;
     const Tensor grad = p.grad();
     if (!grad.defined()) continue;
     const double wd = params_[i].decay ? opt_.weight_decay : 0.0;
+    if (!p.is_cpu()) {
+      follow(m_[i], p);
+      follow(v_[i], p);
+      ops::internal::device_ops_for("AdamW", {&p, &grad})
+          .adamw_step(p, grad, m_[i], v_[i],
+                      ops::DeviceAdamW{lr, opt_.beta1, opt_.beta2, opt_.eps, wd, steps_});
+      continue;
+    }
     for_float(p, [&]<typename T>() {
-      T* pp = p.data<T>();
-      const T* pg = grad.data<T>();
-      T* pm = m_[i].data<T>();
-      T* pv = v_[i].data<T>();
-      const int64_t n = p.numel();
-      const T b1 = static_cast<T>(opt_.beta1), b2 = static_cast<T>(opt_.beta2);
-      const T step_size = static_cast<T>(lr / bc1);
-      const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
-      const T eps = static_cast<T>(opt_.eps);
-      const T decay = static_cast<T>(1.0 - lr * wd);
-#pragma omp parallel for simd if (n > (1 << 15))
-      for (int64_t j = 0; j < n; ++j) {
-        const T g = pg[j];
-        pm[j] = b1 * pm[j] + (1 - b1) * g;
-        pv[j] = b2 * pv[j] + (1 - b2) * g * g;
-        const T denom = std::sqrt(pv[j]) * inv_sqrt_bc2 + eps;
-        pp[j] = pp[j] * decay - step_size * pm[j] / denom;
-      }
+      adamw_loop<T>(p.data<T>(), grad.data<T>(), m_[i].data<T>(), v_[i].data<T>(), p.numel(),
+                    ops::DeviceAdamW{lr, opt_.beta1, opt_.beta2, opt_.eps, wd, steps_});
     });
   }
 }
@@ -153,6 +200,10 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   for (const auto& p : params) {
     const Tensor g = p.grad();
     if (!g.defined()) continue;
+    if (!g.is_cpu()) {
+      sq += ops::internal::device_ops_for("clip_grad_norm", {&g}).sum_squares(g);
+      continue;
+    }
     for_float(g, [&]<typename T>() {
       const T* pg = g.data<T>();
       const int64_t n = g.numel();
@@ -168,6 +219,10 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
     for (const auto& p : params) {
       Tensor g = p.grad();
       if (!g.defined()) continue;
+      if (!g.is_cpu()) {
+        ops::internal::device_ops_for("clip_grad_norm", {&g}).scale_(g, scale);
+        continue;
+      }
       for_float(g, [&]<typename T>() {
         T* pg = g.data<T>();
         const T s = static_cast<T>(scale);

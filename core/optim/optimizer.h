@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ops/device_ops.h"
 #include "core/tensor/tensor.h"
 
 namespace starling::optim {
@@ -89,5 +90,13 @@ struct CosineSchedule {
   int64_t decay_iters = 2000;
   double at(int64_t it) const;
 };
+
+namespace internal {
+// The f32 update loops of AdamW::step and Sgd::step on one parameter's host memory (devices
+// that step through the host, such as the tests' emulated device, call the same arithmetic).
+void adamw_update_f32(float* p, const float* g, float* m, float* v, int64_t n,
+                      const ops::DeviceAdamW& a);
+void sgd_update_f32(float* p, const float* g, float* velocity, int64_t n, const ops::DeviceSgd& s);
+}  // namespace internal
 
 }  // namespace starling::optim

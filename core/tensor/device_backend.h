@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/util/status.h"
 
@@ -26,6 +27,15 @@ class DeviceBackend {
   // Returns when the bytes have arrived.
   virtual Status copy(void* dst, const void* src, size_t nbytes, Direction direction,
                       int index) = 0;
+
+  // Optional fast paths; the defaults answer Unimplemented and Tensor then goes through host
+  // memory (correct, slower).
+  // Lays out a strided view of device memory contiguously at dst (both on device `index`):
+  // `dims` sizes and strides (in elements of elem_bytes), src the view's first element.
+  virtual Status gather(void* dst, const void* src, int dims, const int64_t* sizes,
+                        const int64_t* strides, size_t elem_bytes, int index);
+  // dst[i] += src[i] for n floats of device `index` (autograd's gradient accumulation).
+  virtual Status accumulate_f32(float* dst, const float* src, size_t n, int index);
 };
 
 // The backend of `type` (nullptr for kCPU and for a type nobody installed). Installing replaces

@@ -202,6 +202,14 @@ namespace {
 std::array<std::atomic<DeviceBackend*>, 2> g_backends{};  // by DeviceType
 }  // namespace
 
+Status DeviceBackend::gather(void*, const void*, int, const int64_t*, const int64_t*, size_t, int) {
+  return unimplemented(std::string(name()) + " has no strided gather");
+}
+
+Status DeviceBackend::accumulate_f32(float*, const float*, size_t, int) {
+  return unimplemented(std::string(name()) + " has no accumulate");
+}
+
 DeviceBackend* device_backend(DeviceType type) {
   const auto i = static_cast<size_t>(type);
   return i < g_backends.size() ? g_backends[i].load() : nullptr;
@@ -574,6 +582,20 @@ Tensor Tensor::clone() const {
       STARLING_TCHECK(st.ok(), "clone() on " + device_str(device()) + ": " + st.to_string());
     }
     return *out;
+  }
+  if (!is_cpu() && numel() > 0) {  // a strided view: the device's gather when it has one
+    auto out = zeros_on(shape(), dtype(), device());
+    STARLING_TCHECK(out.ok(),
+                    "clone() on " + device_str(device()) + ": " + out.status().to_string());
+    const Status st = device_backend(device().type)
+                          ->gather(out->impl_->storage->data(),
+                                   static_cast<const char*>(impl_->storage->data()) +
+                                       impl_->offset * dtype_size(dtype()),
+                                   static_cast<int>(dim()), shape().data(), strides().data(),
+                                   dtype_size(dtype()), device().index);
+    if (st.ok()) return *out;
+    STARLING_TCHECK(st.code() == StatusCode::kUnimplemented,
+                    "clone() on " + device_str(device()) + ": " + st.to_string());
   }
   if (!is_cpu()) {  // a strided view: laid out contiguously through the host
     auto back = host_copy(*this).to(device());

@@ -14,6 +14,7 @@
 
 #include "core/ops/internal/fast_math.h"
 #include "core/ops/matmul.h"
+#include "core/optim/optimizer.h"
 #include "models/gpt/fused_backend.h"
 
 namespace starling::models {
@@ -360,21 +361,10 @@ class CpuBackend final : public FusedBackend {
   }
 
   void adamw(float* p, const float* g, float* m, float* v, size_t n, const FusedAdamW& s) override {
-    const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
-    const double bc2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));
-    const float b1 = static_cast<float>(s.beta1), b2 = static_cast<float>(s.beta2);
-    const float step_size = static_cast<float>(s.lr / bc1);
-    const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-    const float eps = static_cast<float>(s.eps);
-    const float decay = static_cast<float>(1.0 - s.lr * s.weight_decay);
-#pragma omp parallel for simd if (n > (1 << 15))
-    for (size_t j = 0; j < n; ++j) {
-      const float gj = g[j];
-      m[j] = b1 * m[j] + (1 - b1) * gj;
-      v[j] = b2 * v[j] + (1 - b2) * gj * gj;
-      const float denom = std::sqrt(v[j]) * inv_sqrt_bc2 + eps;
-      p[j] = p[j] * decay - step_size * m[j] / denom;
-    }
+    // core/optim's AdamW loop: the fused engine and the autograd one step alike.
+    optim::internal::adamw_update_f32(
+        p, g, m, v, static_cast<int64_t>(n),
+        ops::DeviceAdamW{s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.step});
   }
 
   void sum_squares(double* out, const float* x, size_t n) override {

@@ -10,6 +10,8 @@
 
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <thread>
 #include <utility>
 
@@ -173,6 +175,31 @@ CommandResult run_command(const std::vector<std::string>& argv, std::chrono::mil
 
 CommandResult run_shell(const std::string& command, std::chrono::milliseconds timeout) {
   return run_command({"/bin/sh", "-c", "exec " + command}, timeout);
+}
+
+AbortResult run_expecting_abort(const std::function<void()>& f) {
+  int fds[2];
+  if (pipe(fds) != 0) return {"pipe() failed", false};
+  const pid_t pid = fork();
+  if (pid < 0) return {"fork() failed", false};
+  if (pid == 0) {
+    std::signal(SIGABRT, SIG_DFL);
+    dup2(fds[1], STDERR_FILENO);
+    dup2(fds[1], STDOUT_FILENO);
+    f();
+    std::_Exit(0);
+  }
+  close(fds[1]);
+  AbortResult r;
+  char buf[512];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) {
+    r.output.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return r;
+  r.aborted = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
+  return r;
 }
 
 }  // namespace starling::testing

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -84,5 +85,14 @@ inline ChildProcess spawn_starling(const std::string& args, const std::filesyste
   return ChildProcess::shell(starling_binary() + " " + args + " >" + log.string() + " 2>&1");
 }
 #endif
+
+// Runs f in a forked child with its stdout and stderr captured: what it wrote, and whether it
+// died of SIGABRT (death tests of code that aborts with a reason; Catch's handlers are not
+// installed in the child).
+struct AbortResult {
+  std::string output;
+  bool aborted = false;
+};
+AbortResult run_expecting_abort(const std::function<void()>& f);
 
 }  // namespace starling::testing

@@ -3,11 +3,8 @@
 // host access refused. A fake backend (host memory behind the DeviceBackend interface, counting
 // every byte and copy) stands in for a GPU; tests/cuda/tensor_backend_test.cc runs the same
 // round trips on the real CUDA backend.
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +13,7 @@
 #include "core/tensor/device_backend.h"
 #include "core/tensor/tensor.h"
 #include "core/util/rng.h"
+#include "tests/testing/child_process.h"
 
 namespace starling {
 namespace {
@@ -187,27 +185,12 @@ TEST_CASE("host access to a device tensor aborts with the reason", "[tensor]") {
   auto d = counting({3}).to(Device::cuda(0));
   REQUIRE(d.ok());
   CHECK(d->device_data<float>() != nullptr);  // the device's own address is available
-  int fds[2];
-  REQUIRE(pipe(fds) == 0);
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {                   // child: a CPU kernel reaching for the data
-    std::signal(SIGABRT, SIG_DFL);  // not Catch's handler: the parent judges
-    dup2(fds[1], STDERR_FILENO);
-    dup2(fds[1], STDOUT_FILENO);
+  // A CPU kernel reaching for the data.
+  const auto [err, aborted] = testing::run_expecting_abort([&] {
     volatile float x = d->data<float>()[0];
     (void)x;
-    std::_Exit(0);
-  }
-  close(fds[1]);
-  std::string err;
-  char buf[512];
-  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, static_cast<size_t>(n));
-  close(fds[0]);
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  CHECK(WIFSIGNALED(status));
-  CHECK(WTERMSIG(status) == SIGABRT);
+  });
+  CHECK(aborted);
   CHECK_THAT(err, Contains("cuda:0") && Contains("to(Device::cpu())"));
 }
 
