@@ -83,6 +83,18 @@ if [ ! -f "$cuda_home/include/nccl.h" ] && [ ! -f /usr/include/nccl.h ]; then
     export LD_LIBRARY_PATH="$nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
 fi
+# cuDNN (the convolutions of the DDPM and the CNN) likewise from Python's nvidia-cudnn wheel.
+if [ ! -f "$cuda_home/include/cudnn.h" ] && [ ! -f /usr/include/cudnn.h ] &&
+   [ ! -f /usr/include/x86_64-linux-gnu/cudnn.h ]; then
+  cudnn=$("${TORCH_PYTHON:-python3}" -c "import nvidia.cudnn as m; print(m.__path__[0])" 2>/dev/null ||
+          python3 -c "import nvidia.cudnn as m; print(m.__path__[0])" 2>/dev/null || true)
+  if [ -n "$cudnn" ]; then
+    args+=(-DCUDNN_ROOT="$cudnn")
+    export LD_LIBRARY_PATH="$cudnn/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  else
+    echo "gpu_check: no cudnn.h in the toolkit and no nvidia-cudnn Python package: configure will fail"
+  fi
+fi
 
 rm -rf "$logs"
 mkdir -p "$logs"
@@ -130,11 +142,17 @@ step() {  # step NAME LIMIT_S CMD...: CMD under `timeout`, output in $logs/NAME.
 step configure 120 cmake --preset cuda -B "$build" "${args[@]}"
 step build 360 cmake --build "$build" -j "${JOBS:-$(nproc)}" \
   --target starling_cuda_tests starling_comm_tests cuda_bench cuda_codec_bench gpt_train_bench \
-  starling
+  image_throughput starling
 # Parity first: every CUDA op against its CPU reference, the fused GPT and MDLM 10-step runs,
 # codecs, the allocator, NCCL with one rank. Independent processes, so several at once.
 step ctest_cuda 200 ctest --test-dir "$build" -L cuda --no-tests=error --output-on-failure \
   --timeout 150 -j "${CTEST_JOBS:-6}"
+
+# The image models on the GPU (the ops' CUDA forms: cuDNN convolutions, group norms, ...): the
+# DDPM U-Net at two shapes and the CNN, training steps beside PyTorch eager with TF32 off and on,
+# then a short `starling train --device cuda` of configs/ddpm_mnist_cpu.toml and 100 images
+# sampled in 100 steps beside PyTorch's (bench/image_gpu.sh).
+step image_gpu 300 bash bench/image_gpu.sh "$build" 20
 
 # A federated round on the GPU: an aggregator and two `starling client --device DEV` processes
 # over mutual TLS (bench/fed_device_round.sh: tiny GPT, 2 rounds, local AdamW) with DEV cpu
@@ -254,6 +272,10 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
   else
     echo "(gpt_train_bench --profile did not run)"
   fi
+  echo
+  echo "Image models on the GPU (bench/image_gpu.sh, fp32; ours: cuDNN FMA math):"
+  grep -E '^\|' "$logs/image_gpu.log" 2>/dev/null || echo "(image_gpu did not run)"
+  grep -E '^(trained|wrote|pytorch eager: sampled)' "$logs/image_gpu.log" 2>/dev/null
   echo
   echo "starling train --device cuda (configs/gpt_char_cpu.toml, 200 steps): $(grep -E '^trained' "$logs/train_cuda.log" 2>/dev/null || echo 'did not finish')"
   [ -f "$logs/train_cuda_dp.log" ] && echo && echo "The same over every GPU (--gpus 0,...): $(grep -E '^trained' "$logs/train_cuda_dp.log" || echo 'did not finish')"

@@ -4,8 +4,11 @@
 //   epsilon MSE, clip_grad_norm, the config's optimizer, EMA update);
 // --model cnn / 2nn: configs/fed_mnist_{cnn,2nn}_iid.toml's classifier, the federated client's
 //   local step (edge_client/mnist_trainer.cc: cross-entropy, plain SGD at [local] learning_rate).
-// --threads replaces the config's [train] threads. Prints one JSON line with the peak RSS
-// (VmHWM) and the RSS before the model was built.
+// --threads replaces the config's [train] threads. --device cuda (--gpu N) trains on a GPU
+// through the ops' CUDA forms (cuDNN convolutions; the classifier steps with core/optim's SGD,
+// the same update as the client's), batches drawn on the host and moved untimed, each timed step
+// ending when the GPU is done. Prints one JSON line with the peak RSS (VmHWM), the RSS before the
+// model was built and, on a GPU, the peak of the tensor allocator.
 // bench/train_throughput.sh runs it beside bench/torch_image.py.
 #include <omp.h>
 
@@ -21,6 +24,7 @@
 
 #include "core/autograd/autograd.h"
 #include "core/config/toml_config.h"
+#include "core/cuda/tensor_backend.h"
 #include "core/ops/blas_core.h"
 #include "core/ops/ops.h"
 #include "core/optim/optimizer.h"
@@ -75,7 +79,23 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup)->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--steps", steps)->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--threads", threads, "0: all cores")->capture_default_str();
+  std::string device_name = "cpu";
+  int gpu = 0;
+  app.add_option("--device", device_name, "cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--gpu", gpu, "the GPU of --device cuda")->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
+  starling::Device device;
+  if (device_name == "cuda") {
+    if (auto st = starling::cuda::install_tensor_backend(); !st.ok()) {
+      std::fprintf(stderr, "--device cuda: %s\n", st.to_string().c_str());
+      return 1;
+    }
+    device = starling::Device::cuda(gpu);
+  }
+  // A device tensor moved to or read from the host: a blocking copy, so the GPU is done.
+  auto on = [device](const Tensor& t) { return device.is_cpu() ? t : *t.to(device); };
   if (threads > 0) omp_set_num_threads(threads);
   const double start_rss_mb = status_mb("VmRSS:");  // before the model: the program itself
   if (config_path.empty()) {
@@ -104,6 +124,10 @@ int main(int argc, char** argv) {
     }
     if (batch == 0) batch = tc.batch_size();
     ddpm = std::make_unique<starling::models::Ddpm>(dc, tc.seed());
+    if (auto st = ddpm->to(device); !st.ok()) {
+      std::fprintf(stderr, "%s\n", st.to_string().c_str());
+      return 1;
+    }
     // As models/ddpm/trainer.cc: decay on matrices only, the config's optimizer, a fixed lr
     // (the schedule's value does not change the work).
     auto groups = starling::optim::decay_matrices_only(ddpm->net().parameters());
@@ -129,6 +153,7 @@ int main(int argc, char** argv) {
       opt->step(lr);
       opt->zero_grad();
       ddpm->update_ema(it++);
+      (void)ddpm->net().parameters().back().item();  // waits for a GPU's queue
       return v;
     };
   } else {
@@ -156,21 +181,34 @@ int main(int argc, char** argv) {
     }
     constexpr int64_t kPixels = 28 * 28;
     clf = starling::edge_client::make_mnist_model(o, kPixels, fc.model().seed());
+    if (auto st = clf->to(device); !st.ok()) {
+      std::fprintf(stderr, "%s\n", st.to_string().c_str());
+      return 1;
+    }
+    if (!device.is_cpu()) {  // the client's update (w -= lr g) as core/optim's SGD
+      opt = std::make_unique<starling::optim::Sgd>(
+          starling::optim::decay_matrices_only(clf->parameters()), starling::optim::SgdOptions{});
+    }
     if (batch == 0) batch = fc.local().batch_size();
     const float lr = fc.local().learning_rate();
     bench.params = clf->num_parameters();
-    bench.draw = [&x, &y, &rng, batch]() {
-      x = Tensor::uniform({batch, kPixels}, rng, 0.0, 1.0);
+    bench.draw = [&x, &y, &rng, batch, on]() {
+      x = on(Tensor::uniform({batch, kPixels}, rng, 0.0, 1.0));
       std::vector<int32_t> labels(static_cast<size_t>(batch));
       for (auto& l : labels) l = static_cast<int32_t>(rng.below(10));
-      y = Tensor::from_vector(labels, {batch});
+      y = on(Tensor::from_vector(labels, {batch}));
     };
-    bench.step = [&clf, &x, &y, lr]() {
+    bench.step = [&clf, &opt, &x, &y, lr]() {
       clf->zero_grad();
       Tensor loss = starling::ops::cross_entropy(clf->forward(x), y);
       const double v = loss.item();
       starling::autograd::backward(loss);
-      starling::optim::sgd_prox_step(clf->parameters(), lr, 0.0f, nullptr);  // as the client
+      if (opt) {
+        opt->step(lr);
+        (void)clf->parameters().back().item();  // waits for the GPU's queue
+      } else {
+        starling::optim::sgd_prox_step(clf->parameters(), lr, 0.0f, nullptr);  // as the client
+      }
       return v;
     };
   }
@@ -189,9 +227,15 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"engine\":\"starling\",\"model\":\"%s\",\"threads\":%d,\"batch\":%lld,"
       "\"ms_per_step\":%.3f,\"samples_per_s\":%.1f,\"params\":%lld,\"peak_rss_mb\":%.1f,"
-      "\"start_rss_mb\":%.1f,\"loss\":%.4f,\"blas\":\"%s\"}\n",
+      "\"start_rss_mb\":%.1f,\"loss\":%.4f,\"blas\":\"%s\",\"device\":\"%s\","
+      "\"peak_device_mb\":%.1f}\n",
       model.c_str(), omp_get_max_threads(), static_cast<long long>(batch), med * 1e3,
       static_cast<double>(batch) / med, static_cast<long long>(bench.params), status_mb("VmHWM:"),
-      start_rss_mb, loss_v, starling::ops::blas_core().c_str());
+      start_rss_mb, loss_v, starling::ops::blas_core().c_str(),
+      starling::device_str(device).c_str(),
+      device.is_cpu()
+          ? 0.0
+          : static_cast<double>(starling::cuda::tensor_allocator_stats(gpu).peak_in_use) /
+                (1024.0 * 1024.0));
   return 0;
 }

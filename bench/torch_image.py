@@ -14,6 +14,9 @@ random inputs, median step time, peak RSS (ru_maxrss) and the RSS before the mod
   clip_grad_norm, the config's optimizer (AdamW or SGD, decay on matrices only), EMA update.
 --model cnn / 2nn: the MNIST CNN and 2NN of configs/fed_mnist_{cnn,2nn}_iid.toml, the federated
   client's local step: cross-entropy, plain SGD at [local] learning_rate.
+--device cuda: the same on a GPU (batches drawn on the host and moved untimed, each timed step
+  synchronized), fp32 with TF32 off for convolutions and matmuls as ours (--tf32 allows it, the
+  PyTorch default for cuDNN convolutions); peak_device_mb from torch.cuda.max_memory_allocated.
 """
 import argparse
 import copy
@@ -205,7 +208,7 @@ def init_classifier(model, m):
             raise SystemExit(f"unknown [model] init {kind!r}")
 
 
-def ddpm_bench(cfg, batch, gen):
+def ddpm_bench(cfg, batch, gen, dev="cpu"):
     # Absent keys take core/wire/config.proto's defaults, as ours does.
     d = {"image_size": 28, "image_channels": 1, "base_channels": 32, "channel_mult": [1, 2, 2],
          "num_res_blocks": 1, "groups": 8, "attention": True, "attention_heads": 1,
@@ -225,7 +228,7 @@ def ddpm_bench(cfg, batch, gen):
         f = torch.cos((u + s) / (1 + s) * math.pi / 2) ** 2
         betas = torch.clamp(1 - f[1:] / f[:-1], max=0.999)
     alpha_bar = torch.cumprod(1 - betas, 0)
-    net = UNet(d)
+    net = UNet(d).to(dev)
     ema = copy.deepcopy(net).requires_grad_(False) if d["ema_decay"] > 0 else None
     params = list(net.parameters())
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": tc["weight_decay"]},
@@ -246,9 +249,11 @@ def ddpm_bench(cfg, batch, gen):
         t = torch.randint(0, n, (batch,), generator=gen)
         noise = torch.randn(x0.shape, generator=gen)
         ab = alpha_bar[t]
+        # x_t on the host, as ours; then the batch moves (part of the step, as ours).
         xt = (ab.sqrt().float()[:, None, None, None] * x0
               + (1 - ab).sqrt().float()[:, None, None, None] * noise)
-        loss = F.mse_loss(net(xt, t.float()), noise)
+        xt, noise, tf = xt.to(dev), noise.to(dev), t.float().to(dev)
+        loss = F.mse_loss(net(xt, tf), noise)
         v = loss.item()
         loss.backward()
         if tc["grad_clip"] > 0:
@@ -262,12 +267,41 @@ def ddpm_bench(cfg, batch, gen):
                 for e, p in zip(ema.parameters(), params):
                     e.lerp_(p, 1 - decay)
         state["it"] += 1
+        if dev != "cpu":
+            torch.cuda.synchronize()
         return v
 
+    def sample(num, steps):
+        # The ancestral sampler of models/ddpm/diffusion.cc on the respaced chain, from the EMA
+        # weights when there are any: x0 predicted and clipped, the posterior of the one-step chain.
+        m = ema if ema is not None else net
+        m.eval()
+        seq = sorted({round(i * (n - 1) / (steps - 1)) for i in range(steps)}) if steps > 1 else [n - 1]
+        with torch.no_grad():
+            x = torch.randn(num, ch, side, side, generator=gen).to(dev)
+            for i in reversed(range(len(seq))):
+                t = seq[i]
+                ab = float(alpha_bar[t])
+                ab_prev = float(alpha_bar[seq[i - 1]]) if i > 0 else 1.0
+                e = m(x, torch.full((num,), float(t), device=dev))
+                x0 = ((x - math.sqrt(1 - ab) * e) / math.sqrt(ab)).clamp(-1, 1)
+                beta = 1 - ab / ab_prev
+                c0 = math.sqrt(ab_prev) * beta / (1 - ab)
+                ct = math.sqrt(1 - beta) * (1 - ab_prev) / (1 - ab)
+                x = c0 * x0 + ct * x
+                if i > 0:
+                    x = x + math.sqrt(beta * (1 - ab_prev) / (1 - ab)) * torch.randn_like(x)
+            x = x.clamp(-1, 1)
+            if dev != "cpu":
+                torch.cuda.synchronize()
+        m.train()
+        return x
+
+    step.sample = sample
     return net, batch, draw, step
 
 
-def classifier_bench(cfg, kind, batch, gen):
+def classifier_bench(cfg, kind, batch, gen, dev="cpu"):
     m = cfg.get("model", {})
     arch = m.get("arch", "MLP").upper()
     if arch != ("CNN" if kind == "cnn" else "MLP"):
@@ -278,12 +312,14 @@ def classifier_bench(cfg, kind, batch, gen):
     else:
         model = Mlp(m.get("hidden", 200))
     init_classifier(model, m)
+    model = model.to(dev)
     local = cfg.get("local", {})
     batch = batch or local.get("batch_size", 10)
     opt = torch.optim.SGD(model.parameters(), lr=local.get("learning_rate", 0.1))
 
     def draw():
-        return torch.rand(batch, 784, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
+        return (torch.rand(batch, 784, generator=gen).to(dev),
+                torch.randint(0, 10, (batch,), generator=gen).to(dev))
 
     def step(xy):
         opt.zero_grad(set_to_none=True)
@@ -291,6 +327,8 @@ def classifier_bench(cfg, kind, batch, gen):
         v = loss.item()
         loss.backward()
         opt.step()
+        if dev != "cpu":
+            torch.cuda.synchronize()
         return v
 
     return model, batch, draw, step
@@ -304,7 +342,17 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--threads", type=int, default=0, help="0: PyTorch's default")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--tf32", action="store_true", help="allow TF32 in convolutions and matmuls")
+    p.add_argument("--sample", type=int, default=0,
+                   help="DDPM: also time sampling this many images (after the training steps)")
+    p.add_argument("--sample-steps", type=int, default=100, help="DDPM: steps of --sample")
     a = p.parse_args()
+    dev = a.device
+    if dev != "cpu":
+        torch.backends.cudnn.allow_tf32 = a.tf32
+        torch.backends.cuda.matmul.allow_tf32 = a.tf32
+        torch.cuda.reset_peak_memory_stats()
     if a.steps < 1 or a.warmup < 0 or a.batch < 0:
         p.error("--steps must be positive, --warmup and --batch non-negative")
     if a.threads > 0:
@@ -316,9 +364,9 @@ def main():
     start_rss = rss_mb()  # before the model: the interpreter and torch's libraries
     gen = torch.Generator().manual_seed(1)
     if a.model == "ddpm":
-        model, batch, draw, step = ddpm_bench(cfg, a.batch, gen)
+        model, batch, draw, step = ddpm_bench(cfg, a.batch, gen, dev)
     else:
-        model, batch, draw, step = classifier_bench(cfg, a.model, a.batch, gen)
+        model, batch, draw, step = classifier_bench(cfg, a.model, a.batch, gen, dev)
     model.train()
     times, loss = [], None
     for s in range(a.warmup + a.steps):
@@ -329,12 +377,21 @@ def main():
         if s >= a.warmup:
             times.append(dt)
     med = statistics.median_high(times)  # sorted[n // 2], as ours
+    sample_s = None
+    if a.sample > 0 and a.model == "ddpm":
+        t0 = time.perf_counter()
+        step.sample(a.sample, a.sample_steps)
+        sample_s = time.perf_counter() - t0
     print(json.dumps({
         "engine": "pytorch eager", "torch": torch.__version__, "model": a.model,
         "threads": torch.get_num_threads(), "batch": batch, "ms_per_step": med * 1e3,
         "samples_per_s": batch / med, "params": sum(q.numel() for q in model.parameters()),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "start_rss_mb": start_rss, "loss": loss}))
+        "start_rss_mb": start_rss, "loss": loss, "device": dev,
+        "tf32": bool(a.tf32) if dev != "cpu" else False,
+        "sample_images": a.sample if sample_s is not None else 0, "sample_steps": a.sample_steps,
+        "sample_s": sample_s,
+        "peak_device_mb": torch.cuda.max_memory_allocated() / 2**20 if dev != "cpu" else 0.0}))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@
 #include "core/comm/run_ranks.h"
 #include "core/config/toml_config.h"
 #include "core/cuda/device.h"
+#include "core/cuda/tensor_backend.h"
 #include "core/data/data_dir.h"
 #include "core/data/text_dataset.h"
 #include "core/data/text_file.h"
@@ -260,14 +261,16 @@ Result<std::vector<int>> check_gpu_request(const std::string& device, const std:
     return unimplemented(what +
                          ": this starling build has no CUDA backend, so no GPU training path "
                          "(configure with `cmake --preset cuda` on a machine with the CUDA "
-                         "toolkit); train.engine = \"fused\" runs the same trainer on the CPU");
+                         "toolkit); without it the config trains on the CPU (GPT and MDLM: "
+                         "train.engine = \"fused\" is the GPU's trainer on the CPU)");
   }
   const auto devs = cuda::devices();
   if (devs.empty()) {
     return failed_precondition(what +
                                ": no CUDA device is visible, so no GPU training path on this "
-                               "machine (driver, CUDA_VISIBLE_DEVICES?); train.engine = "
-                               "\"fused\" runs the same trainer on the CPU");
+                               "machine (driver, CUDA_VISIBLE_DEVICES?); without it the config "
+                               "trains on the CPU (GPT and MDLM: train.engine = \"fused\" is the "
+                               "GPU's trainer on the CPU)");
   }
   for (int gpu : ids) {
     if (gpu >= static_cast<int>(devs.size())) {
@@ -301,7 +304,7 @@ void register_train(CLI::App& app, CommandContext& ctx) {
                 "With --ranks: all-reduce after backward instead of during it");
   cmd->add_option("--device", *device,
                   "cpu (default) or cuda: GPT and MDLM configs train with the fused engine on the "
-                  "GPU");
+                  "GPU, DDPM configs with cuDNN convolutions");
   cmd->add_option("--gpus", *gpus,
                   "GPUs to train on (implies --device cuda), e.g. 0, or 0,1 for data parallel "
                   "with one rank per GPU over NCCL (GPT)");
@@ -314,6 +317,28 @@ void register_train(CLI::App& app, CommandContext& ctx) {
     if (Status st = apply_overrides(*sets, &cfg); !st.ok()) return fail(ctx, st.message());
     if (Status st = config::validate_run_config(cfg, *config_path); !st.ok()) {
       return fail(ctx, st.message());
+    }
+    // The DDPM on a GPU: the autograd engine with the ops' CUDA forms (cuDNN convolutions).
+    if (!gpu->empty() && cfg.model().arch() == v1::ModelConfig::DDPM) {
+      if (gpu->size() > 1 || ranks->ranks > 1) {
+        return fail(ctx, *config_path + ": the DDPM trains on one GPU (--device cuda or --gpus N)");
+      }
+      if (cfg.train().precision() == v1::TrainConfig::BF16) {
+        return fail(
+            ctx, *config_path + ": train.precision = \"bf16\": the DDPM trains in fp32 on the GPU");
+      }
+      if (Status st = cuda::install_tensor_backend(); !st.ok()) return fail(ctx, st.message());
+      const Device dev = Device::cuda(gpu->front());
+      auto res = models::train_ddpm(cfg, *config_path, dev);
+      if (!res.ok()) return fail(ctx, res.status().message());
+      std::printf(
+          "trained %lld steps in %.1f s: val loss %.5f (best %.5f, epsilon MSE), %.1f images/s "
+          "(%s)\n",
+          static_cast<long long>(res->iters), res->seconds, res->val_loss, res->best_val_loss,
+          res->tokens_per_second, device_str(dev).c_str());
+      std::printf("checkpoint: %s\nsamples: %s\n", res->checkpoint.string().c_str(),
+                  (res->checkpoint.parent_path() / "samples.png").string().c_str());
+      return;
     }
     // The fused engine (GPT, or the plain MDLM): on the GPU (--device cuda / --gpus) or on the
     // CPU (train.engine).
@@ -328,8 +353,9 @@ void register_train(CLI::App& app, CommandContext& ctx) {
       const bool mdlm = cfg.model().arch() == v1::ModelConfig::MDLM;
       if (cfg.model().arch() != v1::ModelConfig::GPT && !mdlm) {
         return fail(ctx, *config_path + ": " + what +
-                             " trains model.arch = \"gpt\" and \"mdlm\" only (the fused "
-                             "trainer); DDPM trains on the CPU autograd engine");
+                             " trains model.arch = \"gpt\" and \"mdlm\" (the fused trainer); the "
+                             "DDPM trains with train.engine = \"autograd\" (on a GPU: --device "
+                             "cuda)");
       }
       models::FusedTrainOptions fo;
       fo.cuda = on_gpu;
@@ -415,6 +441,8 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
     std::optional<double> eta;
     bool classify = false;
     bool no_kv_cache = false;
+    std::string device = "cpu";
+    int gpu = 0;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("checkpoint,--checkpoint", o->checkpoint,
@@ -445,6 +473,9 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("--classify", o->classify,
                 "DDPM: label the samples with an MNIST classifier trained on the spot; report "
                 "mean max-probability and the class histogram");
+  cmd->add_option("--device", o->device, "DDPM: cpu (default) or cuda (the U-Net on a GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--gpu", o->gpu, "The GPU of --device cuda")->check(CLI::NonNegativeNumber);
   cmd->callback([&ctx, o]() {
     auto found = checkpoint_path(o->checkpoint, o->config, o->sets);
     if (!found.ok()) return fail(ctx, found.status().message());
@@ -475,10 +506,21 @@ void register_sample(CLI::App& app, CommandContext& ctx) {
         d.seed = o->seed.value_or(1337);
         d.classify = o->classify;
         d.data_dir = o->data_dir;
+        if (o->device == "cuda") {
+          auto gpu = check_gpu_request("cuda", std::to_string(o->gpu));
+          if (!gpu.ok()) return fail(ctx, gpu.status().message());
+          if (Status st = cuda::install_tensor_backend(); !st.ok()) return fail(ctx, st.message());
+          d.device = Device::cuda(o->gpu);
+        }
         auto report = models::sample_ddpm_checkpoint(d);
         if (!report.ok()) return fail(ctx, report.status().message());
         std::cout << *report << std::endl;
         return;
+      }
+      if (o->device != "cpu") {
+        return fail(ctx, ckpt + ": --device " + o->device +
+                             " samples DDPM checkpoints; GPT and MDLM checkpoints sample on the "
+                             "CPU (starling eval --device cuda scores them on a GPU)");
       }
       if (it != file->metadata.end() && it->second == "starling.mdlm.v1") {
         std::optional<bool> kv;

@@ -13,11 +13,20 @@
 #include <mutex>
 #include <vector>
 
+#include "core/cuda/device_ops_cuda.h"
+#include "core/cuda/image_kernels.h"
+#include "core/ops/device_ops.h"
+
 namespace starling::cuda {
 namespace {
 
 Status cuda_status(cudaError_t e, const std::string& what) {
   return internal_error(what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+Status launch_status(const std::string& what) {
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? ok_status() : cuda_status(e, what);
 }
 
 // Makes `device` current for the scope and restores the caller's device.
@@ -71,6 +80,21 @@ class CudaTensorBackend final : public DeviceBackend {
     return ok_status();
   }
 
+  // Kernels on the legacy default stream, ordered with the blocking copies above.
+  Status gather(void* dst, const void* src, int dims, const int64_t* sizes, const int64_t* strides,
+                size_t elem_bytes, int index) override {
+    if (dims > 8) return unimplemented("strided gather of more than 8 dimensions");
+    CurrentDevice on(index);
+    strided_copy(dst, src, dims, sizes, strides, elem_bytes, nullptr);
+    return launch_status("strided gather");
+  }
+
+  Status accumulate_f32(float* dst, const float* src, size_t n, int index) override {
+    CurrentDevice on(index);
+    accumulate(dst, src, n, nullptr);
+    return launch_status("gradient accumulation");
+  }
+
   AllocatorStats stats(int index) const {
     if (index < 0 || index >= device_count()) return {};
     return allocators_[static_cast<size_t>(index)]->stats();
@@ -95,6 +119,8 @@ Status install_tensor_backend() {
     if (n == 0) return;
     g_backend = new CudaTensorBackend(n);
     install_device_backend(DeviceType::kCUDA, g_backend);
+    // The ops' device forms (conv2d, group norm, ...) for tensors on these GPUs.
+    ops::install_device_ops(DeviceType::kCUDA, cuda_device_ops());
   });
   if (g_backend == nullptr) {
     return failed_precondition("CUDA tensors: no CUDA device visible to this process");

@@ -20,8 +20,8 @@ DeviceOps* device_ops(DeviceType type) {
 }
 
 void install_device_ops(DeviceType type, DeviceOps* ops) {
-  STARLING_OP_CHECK(slot(type) < g_tables.size() && type != DeviceType::kCPU,
-                    "install_device_ops", "not a device type");
+  STARLING_OP_CHECK(slot(type) < g_tables.size() && type != DeviceType::kCPU, "install_device_ops",
+                    "not a device type");
   g_tables[slot(type)].store(ops);
 }
 
@@ -43,8 +43,8 @@ DeviceOps& device_ops_for(const char* op, std::initializer_list<const Tensor*> i
                       "inputs on different devices: " + device_str(first->device()) + " and " +
                           device_str(t->device()) + " (move them to one device first)");
     STARLING_OP_CHECK(!dtype_is_float(t->dtype()) || t->dtype() == DType::kF32, op,
-                      std::string("runs on ") + device_str(t->device()) +
-                          " in f32 only, got " + std::string(dtype_name(t->dtype())));
+                      std::string("runs on ") + device_str(t->device()) + " in f32 only, got " +
+                          std::string(dtype_name(t->dtype())));
   }
   STARLING_OP_CHECK(first != nullptr, op, "no defined input");
   DeviceOps* ops = device_ops(first->device().type);

@@ -2,6 +2,8 @@
 #include "models/ddpm/ddpm.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "core/autograd/autograd.h"
@@ -71,11 +73,33 @@ Ddpm::Ddpm(const DdpmConfig& c, uint64_t seed)
   }
 }
 
+namespace {
+Tensor on(const Tensor& t, Device d) {
+  if (t.device() == d) return t;
+  auto moved = t.to(d);
+  if (!moved.ok()) {
+    std::fprintf(stderr, "starling: ddpm: a batch to %s: %s\n", device_str(d).c_str(),
+                 moved.status().to_string().c_str());
+    std::abort();
+  }
+  return *moved;
+}
+}  // namespace
+
+Status Ddpm::to(Device device) {
+  RETURN_IF_ERROR(net_->to(device));
+  if (ema_) RETURN_IF_ERROR(ema_->to(device), "ema");
+  device_ = device;
+  return ok_status();
+}
+
 Tensor Ddpm::loss(const Tensor& x0, const std::vector<int64_t>& t, const Tensor& noise) const {
+  // x_t is formed on the host (where batches are drawn), then moves with the noise.
   const Tensor xt = schedule_.q_sample(x0, noise, t);
   std::vector<float> tf(t.begin(), t.end());
   const Tensor tt = Tensor::from_vector(tf, {static_cast<int64_t>(t.size())});
-  return ops::mean(ops::square(ops::sub(net_->forward(xt, tt), noise)));
+  return ops::mean(
+      ops::square(ops::sub(net_->forward(on(xt, device_), on(tt, device_)), on(noise, device_))));
 }
 
 Tensor Ddpm::loss(const Tensor& x0, Rng& rng) const {
@@ -94,6 +118,20 @@ void Ddpm::update_ema(int64_t step) {
   const auto src = net_->parameters();
   const auto dst = ema_->parameters();
   const auto df = static_cast<float>(d);
+  if (!device_.is_cpu()) {
+    // The same f32 arithmetic on the device: df * ema + (1 - df) * w, then the EMA tensor takes
+    // the result's storage (its handles see the new values).
+    autograd::NoGradGuard ng;
+    for (size_t i = 0; i < src.size(); ++i) {
+      const Tensor r = ops::add(ops::mul_scalar(dst[i], df),
+                                ops::mul_scalar(src[i].detach(), static_cast<double>(1.0f - df)));
+      TensorImpl& impl = *dst[i].impl();
+      impl.storage = r.impl()->storage;
+      impl.strides = r.strides();
+      impl.offset = r.offset();
+    }
+    return;
+  }
   for (size_t i = 0; i < src.size(); ++i) {
     const float* ps = src[i].data<float>();
     float* pd = dst[i].data<float>();
@@ -108,9 +146,14 @@ Tensor Ddpm::sample(int64_t num, Rng& rng, const SamplerConfig* sc,
   const bool was_training = m.training();
   m.train(false);
   const UNetConfig& u = config_.unet;
-  Tensor out = sample_images([&m](const Tensor& x, const Tensor& t) { return m.forward(x, t); },
-                             schedule_, sc ? *sc : config_.sampler, num, u.in_channels,
-                             u.image_size, u.image_size, rng, on_step);
+  const Device dev = device_;
+  // The sampler's arithmetic runs on the host; each step's network call on the model's device.
+  Tensor out = sample_images(
+      [&m, dev](const Tensor& x, const Tensor& t) {
+        return on(m.forward(on(x, dev), on(t, dev)), Device::cpu());
+      },
+      schedule_, sc ? *sc : config_.sampler, num, u.in_channels, u.image_size, u.image_size, rng,
+      on_step);
   m.train(was_training);
   return out;
 }
@@ -120,10 +163,17 @@ io::StateDict Ddpm::checkpoint_state() const {
   if (ema_) {
     for (auto& [name, t] : ema_->state_dict()) sd.emplace_back("ema." + name, t);
   }
+  if (!device_.is_cpu()) {
+    for (auto& [name, t] : sd) t = on(t, Device::cpu());
+  }
   return sd;
 }
 
 Status Ddpm::load_checkpoint_state(const io::StateDict& sd) {
+  if (!device_.is_cpu()) {
+    return failed_precondition("load a DDPM checkpoint before moving the model to " +
+                               device_str(device_));
+  }
   io::StateDict main, ema;
   for (const auto& [name, t] : sd) {
     if (name.rfind("ema.", 0) == 0) {

@@ -40,6 +40,11 @@ class Ddpm {
   const UNet& net() const { return *net_; }
   const Schedule& schedule() const { return schedule_; }
   bool has_ema() const { return ema_ != nullptr; }
+  // Moves the network and its EMA copy to `device` (a GPU through the ops' device forms). Batches
+  // stay on the host: loss() moves x_t, the steps and the noise there, sample() each step's
+  // input; checkpoint_state() hands back host copies. Errors name the parameter and the device.
+  Status to(Device device);
+  Device device() const { return device_; }
 
   // Mean squared error between `noise` and the network's prediction at x_t = q_sample(x0, t,
   // noise): the simplified DDPM objective. x0, noise: (B, C, H, W) f32 in the model's space
@@ -67,6 +72,7 @@ class Ddpm {
   Schedule schedule_;
   std::unique_ptr<UNet> net_;
   std::unique_ptr<UNet> ema_;
+  Device device_;
 };
 
 }  // namespace starling::models

@@ -90,7 +90,8 @@ double ddpm_eval_loss(Ddpm& model, const Tensor& images, int64_t num, int64_t ba
   return total / static_cast<double>(num);
 }
 
-Result<TrainSummary> train_ddpm(const v1::RunConfig& cfg, const std::string& config_source) {
+Result<TrainSummary> train_ddpm(const v1::RunConfig& cfg, const std::string& config_source,
+                                Device device) {
   const auto& tc = cfg.train();
   if (tc.threads() > 0) omp_set_num_threads(tc.threads());
   const DdpmConfig dc = DdpmConfig::from_proto(cfg);
@@ -113,13 +114,15 @@ Result<TrainSummary> train_ddpm(const v1::RunConfig& cfg, const std::string& con
                train_set.size(), val_set.size(), train_set.rows, train_set.cols);
 
   Ddpm model(dc, tc.seed());
+  if (!device.is_cpu()) RETURN_IF_ERROR(model.to(device), config_source + ": the model");
   spdlog::info(
       "model: DDPM U-Net base {} mult [{}] res blocks {} attention {} | T={} {} schedule | "
-      "{:.3f}M parameters, EMA {}, seed {}",
+      "{:.3f}M parameters, EMA {}, seed {}, on {}",
       dc.unet.base_channels, fmt::join(dc.unet.channel_mult, ", "), dc.unet.num_res_blocks,
       dc.unet.attention, dc.schedule.timesteps,
       dc.schedule.schedule == NoiseSchedule::kCosine ? "cosine" : "linear",
-      static_cast<double>(model.net().num_parameters()) / 1e6, dc.ema_decay, tc.seed());
+      static_cast<double>(model.net().num_parameters()) / 1e6, dc.ema_decay, tc.seed(),
+      device_str(device));
   std::unique_ptr<optim::Optimizer> opt;
   auto groups = optim::decay_matrices_only(model.net().parameters());
   if (tc.optimizer() == v1::TrainConfig::SGD) {
@@ -226,6 +229,7 @@ Result<TrainSummary> train_ddpm(const v1::RunConfig& cfg, const std::string& con
 
 Result<std::string> sample_ddpm_checkpoint(const DdpmSampleOptions& o) {
   ASSIGN_OR_RETURN(LoadedDdpm loaded, load_ddpm_checkpoint(o.checkpoint));
+  if (!o.device.is_cpu()) RETURN_IF_ERROR(loaded.model->to(o.device), o.checkpoint.string());
   if (loaded.config.train().threads() > 0) omp_set_num_threads(loaded.config.train().threads());
   const DdpmConfig& dc = loaded.model->config();
   SamplerConfig sc = dc.sampler;
@@ -254,10 +258,11 @@ Result<std::string> sample_ddpm_checkpoint(const DdpmSampleOptions& o) {
       o.out_png.empty() ? o.checkpoint.parent_path() / "samples.png" : o.out_png;
   spdlog::info(
       "sampling {} images from {} (step {}, val loss {:.5f}): {} sampler, {} steps{}, "
-      "seed {}",
+      "seed {}, on {}",
       num, o.checkpoint.string(), loaded.info.iter, loaded.info.val_loss,
       sc.sampler == DdpmSampler::kDdim ? "ddim" : "ancestral", sc.steps,
-      sc.sampler == DdpmSampler::kDdim ? fmt::format(", eta {}", sc.eta) : "", o.seed);
+      sc.sampler == DdpmSampler::kDdim ? fmt::format(", eta {}", sc.eta) : "", o.seed,
+      device_str(o.device));
   Rng rng(o.seed);
   const auto t0 = Clock::now();
   const Tensor images = loaded.model->sample(num, rng, &sc, [&](int64_t done) {
@@ -265,8 +270,8 @@ Result<std::string> sample_ddpm_checkpoint(const DdpmSampleOptions& o) {
   });
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   RETURN_IF_ERROR(write_image_grid(out, images, cols));
-  std::string report =
-      fmt::format("wrote {} samples ({} steps, {:.1f} s) to {}", num, sc.steps, secs, out.string());
+  std::string report = fmt::format("wrote {} samples ({} steps, {:.1f} s, {}) to {}", num, sc.steps,
+                                   secs, device_str(o.device), out.string());
   if (o.classify) {
     const auto& cfg = loaded.config;
     const std::string dd = o.data_dir.empty() ? cfg.data().data_dir() : o.data_dir;

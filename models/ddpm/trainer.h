@@ -24,7 +24,10 @@ double ddpm_eval_loss(Ddpm& model, const Tensor& images, int64_t num, int64_t ba
 // "fashion-mnist"). Writes <out_dir>/ckpt.safetensors (last), best.safetensors (lowest val
 // loss), metrics.jsonl, config.toml and samples.png (ddpm.num_samples images from the final
 // weights). TrainSummary's losses are epsilon MSE; tokens_per_second holds images per second.
-Result<TrainSummary> train_ddpm(const v1::RunConfig& config, const std::string& config_source);
+// device: where the U-Net trains (a GPU through the ops' device forms, its backend installed by
+// the caller: cuda::install_tensor_backend()); batches are drawn on the host and moved there.
+Result<TrainSummary> train_ddpm(const v1::RunConfig& config, const std::string& config_source,
+                                Device device = Device::cpu());
 
 struct DdpmSampleOptions {
   std::filesystem::path checkpoint;
@@ -38,6 +41,7 @@ struct DdpmSampleOptions {
   bool classify = false;  // run the MNIST classifier check on the samples
   int64_t classifier_epochs = 2;
   std::string data_dir;  // for the classifier's data; empty: the config's
+  Device device;         // where the network runs (its backend installed by the caller)
 };
 
 // Loads a DDPM checkpoint, samples, writes the PNG grid and returns a report (where the grid

@@ -52,8 +52,8 @@ inline void run_device_op_cases(Device dev, double rel) {
   // the CNN's 5x5 with padding 2.
   check_device_parity(
       "conv2d 3x3 pad 1, bias, residual",
-      {grad_input({2, 4, 6, 6}, rng), grad_input({5, 4, 3, 3}, rng, 0.2),
-       grad_input({5}, rng), grad_input({2, 5, 6, 6}, rng)},
+      {grad_input({2, 4, 6, 6}, rng), grad_input({5, 4, 3, 3}, rng, 0.2), grad_input({5}, rng),
+       grad_input({2, 5, 6, 6}, rng)},
       [](V t) { return ops::conv2d(t[0], t[1], t[2], 1, 1, t[3]); }, dev, rel);
   check_device_parity(
       "conv2d 3x3 stride 2",
@@ -70,12 +70,10 @@ inline void run_device_op_cases(Device dev, double rel) {
   // Group norms: plain, with SiLU, with the time embedding's shift.
   const Shape gs = {2, 8, 5, 5};
   check_device_parity(
-      "group_norm",
-      {grad_input(gs, rng, 2.0), grad_input({8}, rng), grad_input({8}, rng)},
+      "group_norm", {grad_input(gs, rng, 2.0), grad_input({8}, rng), grad_input({8}, rng)},
       [](V t) { return ops::group_norm(t[0], 4, t[1], t[2]); }, dev, rel);
   check_device_parity(
-      "group_norm_silu",
-      {grad_input(gs, rng, 2.0), grad_input({8}, rng), grad_input({8}, rng)},
+      "group_norm_silu", {grad_input(gs, rng, 2.0), grad_input({8}, rng), grad_input({8}, rng)},
       [](V t) { return ops::group_norm_silu(t[0], 2, t[1], t[2]); }, dev, rel);
   check_device_parity(
       "shifted_group_norm_silu",
@@ -118,7 +116,10 @@ inline void run_device_op_cases(Device dev, double rel) {
   // Layout: concatenation along channels, transposes made contiguous, reshapes.
   check_device_parity(
       "cat along channels", {grad_input({2, 3, 4, 4}, rng), grad_input({2, 5, 4, 4}, rng)},
-      [](V t) { return ops::cat({t[0], t[1]}, 1); }, dev, rel);
+      [](V t) {
+        return ops::cat({t[0], t[1]}, 1);
+      },
+      dev, rel);
   check_device_parity(
       "transpose, contiguous, reshape", {grad_input({2, 6, 3, 4}, rng)},
       [](V t) {

@@ -4,8 +4,8 @@
 // (the emulated device); the CUDA parity tests ask for 1e-5.
 #pragma once
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
 #include <string>

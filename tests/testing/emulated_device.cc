@@ -138,9 +138,8 @@ class HostOps final : public ops::DeviceOps {
     });
   }
   Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride) override {
-    return run("max_pool2d", {x}, [=](const std::vector<Tensor>& h) {
-      return ops::max_pool2d(h[0], kernel, stride);
-    });
+    return run("max_pool2d", {x},
+               [=](const std::vector<Tensor>& h) { return ops::max_pool2d(h[0], kernel, stride); });
   }
   Tensor timestep_embedding(const Tensor& t, int64_t dim, double max_period) override {
     return run("timestep_embedding", {t}, [=](const std::vector<Tensor>& h) {
@@ -152,8 +151,7 @@ class HostOps final : public ops::DeviceOps {
       return ops::attention_packed(h[0], heads, causal);
     });
   }
-  Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
-                       int32_t ignore_index) override {
+  Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index) override {
     return run("cross_entropy", {logits, targets}, [=](const std::vector<Tensor>& h) {
       return ops::cross_entropy(h[0], h[1], ignore_index);
     });

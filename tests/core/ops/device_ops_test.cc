@@ -2,9 +2,10 @@
 // device form agrees bit for bit with its CPU form, forward and backward (the routing: inputs,
 // outputs and gradients on the device); mixed devices and missing kernels abort naming the op.
 // tests/cuda/device_ops_cuda_test.cc runs the same cases on the CUDA kernels.
+#include "core/ops/device_ops.h"
+
 #include <catch2/catch.hpp>
 
-#include "core/ops/device_ops.h"
 #include "core/ops/activation.h"
 #include "core/ops/attention.h"
 #include "core/ops/concat.h"
@@ -68,7 +69,9 @@ TEST_CASE("an op without a device form, or a device without kernels, aborts with
     CHECK_THAT(err, Contains("silu") && Contains("no kernels"));
   }
   {
-    auto [err, aborted] = testing::run_expecting_abort([&] { (void)ops::add(x, ops::mul_scalar(x, 2.0).view({4, 2})); });
+    auto [err, aborted] = testing::run_expecting_abort([&] {
+      (void)ops::add(x, ops::mul_scalar(x, 2.0).view({4, 2}));
+    });
     CHECK(aborted);
     CHECK_THAT(err, Contains("one shape"));
   }
