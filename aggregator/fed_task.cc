@@ -142,14 +142,18 @@ Status validate_federation_config(const v1::FederationConfig& c, std::string_vie
   const bool cuda = c.client().device() == "cuda";
   check(cuda || c.client().device() == "cpu", "client.device", "must be \"cpu\" or \"cuda\"");
   if (cuda) {
-    check(
-        c.model().arch() == v1::FedModelConfig::GPT || c.model().arch() == v1::FedModelConfig::MDLM,
-        "client.device",
-        "\"cuda\" trains model.arch GPT and MDLM (the fused engine) for now; the other kinds "
-        "train on the CPU");
-    check(c.model().local_optimizer() == v1::FedModelConfig::ADAMW, "model.local_optimizer",
+    const bool fused =
+        c.model().arch() == v1::FedModelConfig::GPT || c.model().arch() == v1::FedModelConfig::MDLM;
+    const bool image = c.model().arch() == v1::FedModelConfig::DDPM ||
+                       c.model().arch() == v1::FedModelConfig::CNN ||
+                       c.model().arch() == v1::FedModelConfig::MLP;
+    check(fused || image, "client.device",
+          "\"cuda\" trains model.arch GPT and MDLM (the fused engine) and DDPM, CNN and MLP "
+          "(the ops' CUDA forms); the other kinds train on the CPU");
+    check(!fused || c.model().local_optimizer() == v1::FedModelConfig::ADAMW,
+          "model.local_optimizer",
           "must be \"ADAMW\" with client.device \"cuda\" (the fused engine's optimizer)");
-    check(c.local().prox_mu() == 0, "local.prox_mu",
+    check(!fused || c.local().prox_mu() == 0, "local.prox_mu",
           "must be 0 with client.device \"cuda\" (FedProx's term is the SGD trainer's)");
     check(!exec, "client.device", "\"cuda\" applies to the built-in trainer, not \"exec\"");
   }

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# A federated GPT round on a device, as a user runs it: `starling certs` makes a CA and
+# A federated round on a device, as a user runs it: `starling certs` makes a CA and
 # certificates, an aggregator and two `starling client --device DEVICE` processes train a tiny
-# GPT over mutual TLS on loopback (2 rounds, local AdamW), and each client prints the share of
-# its round time spent outside training. The global model lands in OUT_DIR/state.
-#   bash bench/fed_device_round.sh BUILD_DIR DEVICE OUT_DIR [GPUS]  (DEVICE: cpu or cuda; GPUS,
-#   e.g. 0,1: each client trains data parallel over them)
+# GPT (TASK=gpt, the default) or a tiny MNIST DDPM U-Net (TASK=ddpm) over mutual TLS on loopback
+# (2 rounds, local AdamW), and each client prints the share of its round time spent outside
+# training. The global model lands in OUT_DIR/state.
+#   [TASK=ddpm] bash bench/fed_device_round.sh BUILD_DIR DEVICE OUT_DIR [GPUS]  (DEVICE: cpu or
+#   cuda; GPUS, e.g. 0,1: each GPT client trains data parallel over them)
 # bench/gpu_check.sh runs it for cpu and cuda and compares the two global models.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,17 +25,29 @@ for k in 0 1; do
     --out "$out/certs" >/dev/null
 done
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-# One config per node: the same federation, each node's own certificate.
-write_config() {  # write_config NAME
-  cat > "$out/$1.toml" <<TOML
-[rounds]
-num_rounds = 2
-clients_per_round = 2
-min_available = 2
-[local]
-local_steps = 10
-batch_size = 8
-learning_rate = 0.001
+# The task's data and model.
+if [[ "${TASK:-gpt}" == ddpm ]]; then
+  task_toml=$(cat <<TOML
+[data]
+dataset = "mnist"
+partition = "IID"
+num_clients = 2
+data_dir = "$root/tests/fixtures/data"
+[model]
+arch = "DDPM"
+local_optimizer = "ADAMW"
+[model.ddpm]
+base_channels = 8
+channel_mult = [1, 2]
+groups = 4
+attention = true
+timesteps = 100
+sampling_steps = 4
+num_samples = 4
+TOML
+)
+else
+  task_toml=$(cat <<TOML
 [data]
 dataset = "shakespeare"
 partition = "ROLES"
@@ -48,6 +61,21 @@ n_head = 4
 n_embd = 64
 block_size = 64
 local_optimizer = "ADAMW"
+TOML
+)
+fi
+# One config per node: the same federation, each node's own certificate.
+write_config() {  # write_config NAME
+  cat > "$out/$1.toml" <<TOML
+[rounds]
+num_rounds = 2
+clients_per_round = 2
+min_available = 2
+[local]
+local_steps = 10
+batch_size = 8
+learning_rate = 0.001
+$task_toml
 [eval]
 every_rounds = 1
 max_examples = 32

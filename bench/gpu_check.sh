@@ -163,6 +163,14 @@ step fed_round_cuda 120 bash bench/fed_device_round.sh "$build" cuda "$build/fed
 step fed_round_parity 30 python3 bench/compare_safetensors.py --tol 1e-4 \
   "$build/fed_round_cpu/state/global_model.safetensors" \
   "$build/fed_round_cuda/state/global_model.safetensors"
+# The same with a tiny MNIST DDPM (the U-Net through the ops' CUDA forms on each client's GPU).
+TASK=ddpm step fed_round_ddpm_cpu 120 bash bench/fed_device_round.sh "$build" cpu \
+  "$build/fed_round_ddpm_cpu"
+TASK=ddpm step fed_round_ddpm_cuda 120 bash bench/fed_device_round.sh "$build" cuda \
+  "$build/fed_round_ddpm_cuda"
+step fed_round_ddpm_parity 30 python3 bench/compare_safetensors.py --tol 1e-4 \
+  "$build/fed_round_ddpm_cpu/state/global_model.safetensors" \
+  "$build/fed_round_ddpm_cuda/state/global_model.safetensors"
 
 # Fused GPT training steps (bf16 linear layers; GPT_BENCH_PRECISION=fp32 for fp32) beside PyTorch
 # eager and torch.compile (under bf16 autocast) (TORCH_PYTHON: a python with torch; without one
@@ -281,6 +289,8 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
   [ -f "$logs/train_cuda_dp.log" ] && echo && echo "The same over every GPU (--gpus 0,...): $(grep -E '^trained' "$logs/train_cuda_dp.log" || echo 'did not finish')"
   echo
   echo "Federated GPT round, 2 client processes on cuda:0 (bench/fed_device_round.sh): global model vs the CPU run: $(tail -1 "$logs/fed_round_parity.log" 2>/dev/null || echo 'did not run'); clients: $(grep -h -o 'rounds took .*' "$logs/fed_round_cuda.log" 2>/dev/null | tr '\n' ' ' || echo 'did not run')"
+  echo
+  echo "Federated DDPM round, 2 client processes on cuda:0: global model vs the CPU run: $(tail -1 "$logs/fed_round_ddpm_parity.log" 2>/dev/null || echo 'did not run'); clients: $(grep -h -o 'rounds took .*' "$logs/fed_round_ddpm_cuda.log" 2>/dev/null | tr '\n' ' ' || echo 'did not run')"
   [ -f "$logs/fed_round_dp_parity.log" ] && echo && echo "The same with each client data parallel over GPUs 0 and 1: $(tail -1 "$logs/fed_round_dp_parity.log")"
   echo
   echo "MDLM, char shape (T=256 L=6 H=6 C=384 B=64), bf16: starling train --device cuda: $(grep -E '^trained' "$logs/mdlm_train_cuda.log" 2>/dev/null || echo 'did not finish'); PyTorch: $(tail -1 "$logs/mdlm_torch_cuda.log" 2>/dev/null || echo 'did not run'); eval: $(grep -E '^val:' "$logs/mdlm_eval_ckpt.log" 2>/dev/null || echo 'did not run')"

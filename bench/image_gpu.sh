@@ -61,5 +61,5 @@ if "$build/apps/starling" train -c configs/ddpm_mnist_cpu.toml --device cuda \
 fi
 "$py" bench/torch_image.py --model ddpm --device cuda --steps 1 --warmup 0 --sample 100 \
   --sample-steps 100 2>&1 | tail -1 |
-  python3 -c 'import json,sys; j=json.loads(sys.stdin.read()); print(f"pytorch eager: sampled {j[\"sample_images\"]} images in {j[\"sample_steps\"]} steps in {j[\"sample_s\"]:.2f} s")' ||
+  python3 -c 'import json, sys; j = json.loads(sys.stdin.read()); print("pytorch eager: sampled %d images in %d steps in %.2f s" % (j["sample_images"], j["sample_steps"], j["sample_s"]))' ||
   echo "pytorch sampling failed"

@@ -55,6 +55,10 @@ DdpmTrainer::DdpmTrainer(std::shared_ptr<const data::MnistSet> train, std::vecto
 Result<TrainReport> DdpmTrainer::train(std::span<const float> global, const v1::RoundPlan& plan,
                                        std::span<float> delta) {
   if (indices_.empty()) return failed_precondition("this client has no training images");
+  if (model_.device() != options_.device) {
+    RETURN_IF_ERROR(prepare_device(options_.device), "client.device");
+    RETURN_IF_ERROR(model_.to(options_.device), "client.device");
+  }
   if (plan.batch_size() == 0) return invalid_argument("round plan with batch size 0");
   const int64_t n = static_cast<int64_t>(indices_.size());
   const int64_t batch = std::min<int64_t>(plan.batch_size(), n);

@@ -18,6 +18,9 @@ struct DdpmTrainerOptions {
   models::DdpmConfig model;  // its ema_decay must be 0: the federation moves the raw weights
   uint32_t epochs = 1;       // used when the plan's local_steps is 0
   LocalStepOptions steps;
+  // Where the U-Net trains: the CPU, or a GPU ([client] device "cuda"; the model moves there on
+  // the first round, which fails with the reason when the GPU is not there).
+  Device device;
 };
 
 // Local steps of a round: the plan's local_steps, else epochs passes of ceil(n / batch) steps.

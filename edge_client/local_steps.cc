@@ -2,10 +2,15 @@
 #include "edge_client/local_steps.h"
 
 #include <cmath>
+#include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/autograd/autograd.h"
+#include "core/ops/elementwise.h"
 #include "core/optim/optimizer.h"
 #include "edge_client/model_params.h"
 
@@ -30,6 +35,48 @@ Status check_step_loss(int64_t step, double loss) {
                         std::to_string(loss) + "; lower local.learning_rate?)");
 }
 
+Result<ProxSgd> ProxSgd::create(std::vector<Tensor> params, std::span<const float> global,
+                                float mu) {
+  ProxSgd out;
+  out.params_ = std::move(params);
+  out.global_ = global;
+  out.mu_ = mu;
+  if (out.params_.empty() || out.params_.front().is_cpu()) return out;
+  // On a device: core/optim's Sgd (w -= lr g', sgd_prox_step's arithmetic), FedProx's term added
+  // to the gradients there, against a copy of the global model made once per round.
+  out.sgd_ =
+      std::make_unique<optim::Sgd>(optim::decay_matrices_only(out.params_), optim::SgdOptions{});
+  if (mu > 0) {
+    size_t at = 0;
+    for (const Tensor& p : out.params_) {
+      const auto n = static_cast<size_t>(p.numel());
+      if (at + n > global.size()) return invalid_argument("global model shorter than the model");
+      std::vector<float> w0(global.begin() + static_cast<std::ptrdiff_t>(at),
+                            global.begin() + static_cast<std::ptrdiff_t>(at + n));
+      ASSIGN_OR_RETURN(Tensor a, Tensor::from_vector(w0, p.shape()).to(p.device()));
+      out.anchor_.push_back(a);
+      at += n;
+    }
+  }
+  return out;
+}
+
+void ProxSgd::step(float lr) {
+  if (!sgd_) {
+    optim::sgd_prox_step(params_, lr, mu_, global_.data());
+    return;
+  }
+  if (mu_ > 0) {
+    autograd::NoGradGuard ng;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Tensor p = params_[i];
+      if (!p.grad().defined()) continue;
+      p.set_grad(ops::add(p.grad(), ops::mul_scalar(ops::sub(p.detach(), anchor_[i]), mu_)));
+    }
+  }
+  sgd_->step(lr);
+}
+
 Result<float> run_local_steps(nn::Module& model, std::span<const float> global,
                               const v1::RoundPlan& plan, int64_t steps,
                               const LocalStepOptions& options, const BatchLoss& batch_loss,
@@ -44,6 +91,11 @@ Result<float> run_local_steps(nn::Module& model, std::span<const float> global,
     adamw = std::make_unique<optim::AdamW>(
         optim::decay_matrices_only(params),
         optim::AdamWOptions{options.beta1, options.beta2, 1e-8, options.weight_decay});
+  }
+  std::optional<ProxSgd> sgd;
+  if (!adamw) {
+    ASSIGN_OR_RETURN(ProxSgd made, ProxSgd::create(params, global, options.prox_mu));
+    sgd.emplace(std::move(made));
   }
   Rng rng(plan.seed());
   const float lr = plan.learning_rate();
@@ -60,7 +112,7 @@ Result<float> run_local_steps(nn::Module& model, std::span<const float> global,
       adamw->step(lr);
       continue;
     }
-    optim::sgd_prox_step(params, lr, options.prox_mu, global.data());
+    sgd->step(lr);
   }
   model.zero_grad();  // the gradients are not kept between rounds
   const auto local = flatten(model);

@@ -9,6 +9,7 @@
 #include "core/ops/ops.h"
 #include "core/optim/optimizer.h"
 #include "core/util/rng.h"
+#include "edge_client/local_steps.h"
 #include "edge_client/model_params.h"
 
 namespace starling::edge_client {
@@ -70,6 +71,11 @@ Result<TrainReport> MnistTrainer::train(std::span<const float> global, const v1:
                                         std::span<float> delta) {
   if (indices_.empty()) return failed_precondition("this client has no training examples");
   if (plan.batch_size() == 0) return invalid_argument("round plan with batch size 0");
+  const Device device = options_.device;
+  if (model_->parameters().front().device() != device) {
+    RETURN_IF_ERROR(prepare_device(device), "client.device");
+    RETURN_IF_ERROR(model_->to(device), "client.device");
+  }
   RETURN_IF_ERROR(load_flat(*model_, global));
   model_->train(true);
   const int64_t n = static_cast<int64_t>(indices_.size());
@@ -79,6 +85,7 @@ Result<TrainReport> MnistTrainer::train(std::span<const float> global, const v1:
   const int64_t in = data_->pixels();
   const auto params = model_->parameters();
 
+  ASSIGN_OR_RETURN(ProxSgd sgd, ProxSgd::create(params, global, options_.prox_mu));
   Rng rng(plan.seed());
   std::vector<int64_t> order = indices_;
   double loss_sum = 0.0;
@@ -100,10 +107,15 @@ Result<TrainReport> MnistTrainer::train(std::span<const float> global, const v1:
       y[static_cast<size_t>(i)] = data_->labels[static_cast<size_t>(ex)];
     }
     model_->zero_grad();
-    Tensor loss = ops::cross_entropy(model_->forward(x), Tensor::from_vector(y, {b}));
+    Tensor labels = Tensor::from_vector(y, {b});
+    if (!device.is_cpu()) {  // the batch moves; the rest of the step stays on the device
+      ASSIGN_OR_RETURN(x, x.to(device));
+      ASSIGN_OR_RETURN(labels, labels.to(device));
+    }
+    Tensor loss = ops::cross_entropy(model_->forward(x), labels);
     loss_sum += loss.item();
     autograd::backward(loss);
-    optim::sgd_prox_step(params, plan.learning_rate(), options_.prox_mu, global.data());
+    sgd.step(plan.learning_rate());
   }
   const auto local = flatten(*model_);
   for (size_t i = 0; i < local.size(); ++i) delta[i] = local[i] - global[i];

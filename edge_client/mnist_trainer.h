@@ -23,6 +23,9 @@ struct MnistTrainerOptions {
   float prox_mu = 0.0f;   // FedProx: gradient += mu (w - w_global)
   MnistModel model = MnistModel::k2NN;
   models::CnnConfig cnn;  // CNN (side is taken from the data)
+  // Where the classifier trains: the CPU, or a GPU ([client] device "cuda": the model moves there
+  // on the first round, which fails with the reason when the GPU is not there).
+  Device device;
 };
 
 // [model] init, init_std and init_bias as an InitSpec.

@@ -7,6 +7,9 @@
 #include <set>
 #include <string>
 
+#include "core/cuda/tensor_backend.h"
+#include "core/tensor/device_backend.h"
+
 namespace starling::edge_client {
 
 compress::Layout layout_of(const nn::Module& module) {
@@ -23,6 +26,11 @@ std::vector<float> flatten(const nn::Module& module) {
   std::vector<float> out;
   out.reserve(static_cast<size_t>(module.num_trainable_parameters()));
   for (const auto& t : module.trainable_parameters()) {
+    if (!t.is_cpu()) {  // a model on a GPU: one copy to the host per tensor
+      const std::vector<float> v = t.to_float_vector();
+      out.insert(out.end(), v.begin(), v.end());
+      continue;
+    }
     const Tensor c = t.contiguous();
     out.insert(out.end(), c.data<float>(), c.data<float>() + c.numel());
   }
@@ -37,8 +45,32 @@ Status load_flat(nn::Module& module, std::span<const float> flat) {
   }
   size_t at = 0;
   for (auto& t : module.trainable_parameters()) {
-    std::memcpy(t.data<float>(), flat.data() + at, t.nbytes());
+    if (!t.is_cpu()) {  // into the parameter's own device memory
+      if (!t.is_contiguous() || t.dtype() != DType::kF32) {
+        return invalid_argument("a strided or non-f32 parameter on " + device_str(t.device()));
+      }
+      RETURN_IF_ERROR(device_backend(t.device().type)
+                          ->copy(t.device_data<float>(), flat.data() + at, t.nbytes(),
+                                 DeviceBackend::Direction::kHostToDevice, t.device().index),
+                      "model to " + device_str(t.device()));
+    } else {
+      std::memcpy(t.data<float>(), flat.data() + at, t.nbytes());
+    }
     at += static_cast<size_t>(t.numel());
+  }
+  return ok_status();
+}
+
+Status prepare_device(Device device) {
+  if (device.is_cpu()) return ok_status();
+  if (device.type == DeviceType::kCUDA && device_backend(DeviceType::kCUDA) == nullptr) {
+    RETURN_IF_ERROR(cuda::install_tensor_backend(), device_str(device));
+  }
+  const DeviceBackend* backend = device_backend(device.type);
+  if (backend == nullptr) return failed_precondition(device_str(device) + ": no backend");
+  if (device.index < 0 || device.index >= backend->device_count()) {
+    return failed_precondition(device_str(device) + " is not visible (" +
+                               std::to_string(backend->device_count()) + " GPUs visible)");
   }
   return ok_status();
 }

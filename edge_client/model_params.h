@@ -20,6 +20,11 @@ std::vector<float> flatten(const nn::Module& module);
 // Copies `flat` into the parameters. InvalidArgument when the size differs.
 Status load_flat(nn::Module& module, std::span<const float> flat);
 
+// Makes `device` ready for a trainer's model: nothing for the CPU; for a GPU the CUDA tensor
+// backend (and the ops' CUDA forms) installed once, and the index checked against the GPUs
+// visible. Errors name the device: a build without CUDA, no GPU, an index out of range.
+Status prepare_device(Device device);
+
 // A flat vector as named f32 tensors of `layout` (copies), e.g. for save_safetensors.
 io::StateDict layout_tensors(const compress::Layout& layout, std::span<const float> flat);
 // The layout's tensors out of `file` into `flat` (numel of the layout), float dtypes converted

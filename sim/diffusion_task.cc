@@ -125,8 +125,9 @@ class MdlmTask final : public SimTask {
 class DdpmTask final : public SimTask {
  public:
   DdpmTask(const v1::FederationConfig& c, std::shared_ptr<const data::MnistSet> train,
-           std::shared_ptr<const data::MnistSet> test, data::Partition parts)
+           std::shared_ptr<const data::MnistSet> test, data::Partition parts, TaskUse use)
       : config_(c),
+        device_(c, use),
         train_(std::move(train)),
         parts_(std::move(parts)),
         options_(edge_client::ddpm_trainer_options(c)),
@@ -148,10 +149,14 @@ class DdpmTask final : public SimTask {
   std::vector<float> initial_model() const override {
     return edge_client::flatten(models::Ddpm(options_.model, config_.model().seed()).net());
   }
+  // [client] device "cuda": the U-Net on the client's GPU (virtual client k on gpus[k mod n]).
   std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const override {
+    edge_client::DdpmTrainerOptions o = options_;
+    o.device = device_.image_device(client);
     return std::make_unique<edge_client::DdpmTrainer>(train_, parts_[static_cast<size_t>(client)],
-                                                      options_);
+                                                      o);
   }
+  Status check_device(std::string_view source) const { return device_.check_image(source); }
   int64_t local_steps(int client, const v1::RoundPlan& plan) const override {
     return edge_client::ddpm_local_steps(
         static_cast<int64_t>(parts_[static_cast<size_t>(client)].size()), options_.epochs, plan);
@@ -178,17 +183,19 @@ class DdpmTask final : public SimTask {
     const char* part[] = {"IID", "Dirichlet", "shards", "roles"};
     return fmt::format(
         "{} ({}), {} partition over {} clients; DDPM U-Net base {} mult [{}], T={}, "
-        "{} parameters",
+        "{} parameters{}",
         config_.data().dataset(),
         train_ ? fmt::format("{} train images", train_->size())
                : std::string("training images on the clients"),
         part[static_cast<int>(config_.data().partition())], num_clients(),
         options_.model.unet.base_channels, fmt::join(options_.model.unet.channel_mult, ", "),
-        options_.model.schedule.timesteps, model_->net().num_parameters());
+        options_.model.schedule.timesteps, model_->net().num_parameters(),
+        device_.describe_image());
   }
 
  private:
   v1::FederationConfig config_;
+  TaskDevice device_;  // [client] device and gpus
   std::shared_ptr<const data::MnistSet> train_;
   data::Partition parts_;
   edge_client::DdpmTrainerOptions options_;
@@ -247,9 +254,10 @@ Result<std::unique_ptr<edge_client::LocalTrainer>> make_ddpm_client_trainer(
   std::vector<int64_t> indices(static_cast<size_t>(own.size()));
   for (size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<int64_t>(i);
   *images = own.size();
+  edge_client::DdpmTrainerOptions o = edge_client::ddpm_trainer_options(c);
+  ASSIGN_OR_RETURN(o.device, image_client_device(c, source));
   return std::unique_ptr<edge_client::LocalTrainer>(std::make_unique<edge_client::DdpmTrainer>(
-      std::make_shared<const data::MnistSet>(std::move(own)), std::move(indices),
-      edge_client::ddpm_trainer_options(c)));
+      std::make_shared<const data::MnistSet>(std::move(own)), std::move(indices), o));
 }
 
 Result<std::unique_ptr<SimTask>> make_ddpm_task(const v1::FederationConfig& c,
@@ -257,8 +265,10 @@ Result<std::unique_ptr<SimTask>> make_ddpm_task(const v1::FederationConfig& c,
   ASSIGN_OR_RETURN(ImageSplits s, load_image_splits(c, source, use));
   if (s.train) RETURN_IF_ERROR(check_ddpm_images(c, source, *s.train));
   if (s.test) RETURN_IF_ERROR(check_ddpm_images(c, source, *s.test));
-  return std::unique_ptr<SimTask>(
-      new DdpmTask(c, std::move(s.train), std::move(s.test), std::move(s.parts)));
+  auto task =
+      std::make_unique<DdpmTask>(c, std::move(s.train), std::move(s.test), std::move(s.parts), use);
+  if (use != TaskUse::kServer) RETURN_IF_ERROR(task->check_device(source));
+  return std::unique_ptr<SimTask>(std::move(task));
 }
 
 }  // namespace starling::sim

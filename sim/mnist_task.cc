@@ -12,6 +12,7 @@
 #include "core/io/safetensors.h"
 #include "edge_client/mnist_trainer.h"
 #include "edge_client/model_params.h"
+#include "sim/task_device.h"
 
 namespace starling::sim {
 namespace {
@@ -19,8 +20,12 @@ namespace {
 class MnistTask final : public SimTask {
  public:
   MnistTask(const v1::FederationConfig& c, std::shared_ptr<const data::MnistSet> train,
-            std::shared_ptr<const data::MnistSet> test, data::Partition parts)
-      : config_(c), train_(std::move(train)), test_(std::move(test)), parts_(std::move(parts)) {
+            std::shared_ptr<const data::MnistSet> test, data::Partition parts, TaskUse use)
+      : config_(c),
+        device_(c, use),
+        train_(std::move(train)),
+        test_(std::move(test)),
+        parts_(std::move(parts)) {
     model_ = aggregator::make_model(c, pixels());
     layout_ = edge_client::layout_of(*model_);
   }
@@ -37,10 +42,14 @@ class MnistTask final : public SimTask {
   std::vector<float> initial_model() const override {
     return edge_client::flatten(*aggregator::make_model(config_, pixels()));
   }
+  // [client] device "cuda": the classifier on the client's GPU (client k on gpus[k mod n]).
   std::unique_ptr<edge_client::LocalTrainer> make_trainer(int client) const override {
+    auto o = aggregator::trainer_options(config_);
+    o.device = device_.image_device(client);
     return std::make_unique<edge_client::MnistTrainer>(train_, parts_[static_cast<size_t>(client)],
-                                                       aggregator::trainer_options(config_));
+                                                       o);
   }
+  Status check_device(std::string_view source) const { return device_.check_image(source); }
   int64_t local_steps(int client, const v1::RoundPlan& plan) const override {
     if (plan.local_steps() > 0) return plan.local_steps();
     const auto n = static_cast<int64_t>(parts_[static_cast<size_t>(client)].size());
@@ -82,16 +91,17 @@ class MnistTask final : public SimTask {
             ? fmt::format("truncated normal init (std {}, bias {})", m.init_std(), m.init_bias())
         : m.init() == v1::FedModelConfig::GLOROT ? "Glorot init"
                                                  : "PyTorch init";
-    return fmt::format("{} ({}), {} partition over {} clients; {}, {} parameters, {}",
+    return fmt::format("{} ({}), {} partition over {} clients; {}, {} parameters, {}{}",
                        config_.data().dataset(), examples,
                        part[static_cast<int>(config_.data().partition())], num_clients(), model,
-                       model_->num_parameters(), init);
+                       model_->num_parameters(), init, device_.describe_image());
   }
 
  private:
   int64_t pixels() const { return train_ ? train_->pixels() : test_ ? test_->pixels() : 28 * 28; }
 
   v1::FederationConfig config_;
+  TaskDevice device_;  // [client] device and gpus
   std::shared_ptr<const data::MnistSet> train_;
   std::shared_ptr<const data::MnistSet> test_;
   data::Partition parts_;
@@ -118,8 +128,10 @@ Result<ImageSplits> load_image_splits(const v1::FederationConfig& c, std::string
 Result<std::unique_ptr<SimTask>> make_mnist_task(const v1::FederationConfig& c,
                                                  std::string_view source, TaskUse use) {
   ASSIGN_OR_RETURN(ImageSplits s, load_image_splits(c, source, use));
-  return std::unique_ptr<SimTask>(
-      new MnistTask(c, std::move(s.train), std::move(s.test), std::move(s.parts)));
+  auto task = std::make_unique<MnistTask>(c, std::move(s.train), std::move(s.test),
+                                          std::move(s.parts), use);
+  if (use != TaskUse::kServer) RETURN_IF_ERROR(task->check_device(source));
+  return std::unique_ptr<SimTask>(std::move(task));
 }
 
 Result<std::unique_ptr<edge_client::LocalTrainer>> make_mnist_client_trainer(
@@ -154,9 +166,10 @@ Result<std::unique_ptr<edge_client::LocalTrainer>> make_mnist_client_trainer(
   }
   std::vector<int64_t> indices(static_cast<size_t>(own.size()));
   for (size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<int64_t>(i);
+  auto o = aggregator::trainer_options(c);
+  ASSIGN_OR_RETURN(o.device, image_client_device(c, source));
   return std::unique_ptr<edge_client::LocalTrainer>(std::make_unique<edge_client::MnistTrainer>(
-      std::make_shared<const data::MnistSet>(std::move(own)), std::move(indices),
-      aggregator::trainer_options(c)));
+      std::make_shared<const data::MnistSet>(std::move(own)), std::move(indices), o));
 }
 
 }  // namespace starling::sim

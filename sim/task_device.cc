@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "edge_client/model_params.h"
+
 namespace starling::sim {
 
 TaskDevice::TaskDevice(const v1::FederationConfig& config, TaskUse use)
@@ -46,6 +48,40 @@ std::string TaskDevice::describe() const {
         ", clients train on cuda:{} (fused engine: virtual client k on GPU k mod {})", ids, n);
   }
   return fmt::format(", trains on cuda:{} (fused engine, data parallel)", ids);
+}
+
+Device TaskDevice::image_device(int client) const {
+  return fused_ ? Device::cuda(of(client).gpu(0)) : Device::cpu();
+}
+
+Status TaskDevice::check_image(std::string_view source) const {
+  if (!fused_) return ok_status();
+  const std::string key = std::string(source) + ": key 'client.device' = \"cuda\"";
+  if (use_ == TaskUse::kClient && fused_->gpus.size() > 1) {
+    return invalid_argument(std::string(source) +
+                            ": key 'client.gpus': an image model's client trains on one GPU "
+                            "(data parallel over several GPUs trains GPT)");
+  }
+  for (const auto& d : to_check()) {
+    RETURN_IF_ERROR(edge_client::prepare_device(Device::cuda(d.gpu(0))), key);
+  }
+  return ok_status();
+}
+
+std::string TaskDevice::describe_image() const {
+  if (!fused_) return "";
+  std::string ids;
+  const auto all = to_check();
+  for (size_t i = 0; i < all.size(); ++i) ids += (i ? "," : "") + std::to_string(all[i].gpu(0));
+  return all.size() > 1
+             ? fmt::format(", clients train on cuda:{} (client k on GPU k mod {})", ids, all.size())
+             : fmt::format(", clients train on cuda:{}", ids);
+}
+
+Result<Device> image_client_device(const v1::FederationConfig& config, std::string_view source) {
+  const TaskDevice d(config, TaskUse::kClient);
+  RETURN_IF_ERROR(d.check_image(source));
+  return d.image_device(0);
 }
 
 }  // namespace starling::sim

@@ -55,6 +55,16 @@ class TaskDevice {
   // empty without fused().
   std::string describe() const;
 
+  // The image kinds (DDPM, CNN, 2NN: autograd models through the ops' device forms) train each
+  // client on one GPU: client `client`'s device (the CPU without fused()).
+  Device image_device(int client) const;
+  // Every GPU of to_check() is there (the CUDA backend installed), and an edge client names at
+  // most one; errors name `source` and the key.
+  Status check_image(std::string_view source) const;
+  // ", clients train on cuda:0" / ", clients train on cuda:0,1 (client k on GPU k mod 2)"; empty
+  // without fused().
+  std::string describe_image() const;
+
   // A language-model kind's trainer of client `client` on tokens[begin, end): `Cpu`'s (the
   // autograd trainer) without fused(), else `Fused::create` on of(client). A GPU that went away
   // after the task was made gives a trainer whose every round fails with the reason (never a
@@ -88,5 +98,9 @@ class TaskDevice {
   bool spread_;  // kSimulation: virtual clients spread over the GPUs
   std::optional<edge_client::FusedDevice> fused_;
 };
+
+// [client] device and gpus for one edge client of an image kind: the CPU, or its one GPU checked
+// as check_image() does. Errors name `source` and the key.
+Result<Device> image_client_device(const v1::FederationConfig& config, std::string_view source);
 
 }  // namespace starling::sim

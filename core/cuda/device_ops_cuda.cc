@@ -88,18 +88,17 @@ class CudaOps final : public ops::DeviceOps {
     if (!autograd::needs_grad({&x, &w, &bias, &residual})) return y;
     const bool gx = wants(x), gw = wants(w), gb = wants(bias), gr = wants(residual);
     Context* ctx = &c;
-    return autograd::record(
-        y, op, {x, w, bias, residual}, [=](const Tensor& g) {
-          const Tensor gc = dense(g);
-          const Device d = gc.device();
-          Tensor dx = gx ? alloc(op, xc.shape(), d) : Tensor();
-          Tensor dw = gw ? alloc(op, wc.shape(), d) : Tensor();
-          Tensor db = gb ? alloc(op, bc.shape(), d) : Tensor();
-          set_device(d);
-          check_status(op, ctx->conv->backward(ptr(dx), ptr(dw), ptr(db), cptr(gc), cptr(xc),
-                                               cptr(wc), s, kStream));
-          return std::vector<Tensor>{dx, dw, db, gr ? gc : Tensor()};
-        });
+    return autograd::record(y, op, {x, w, bias, residual}, [=](const Tensor& g) {
+      const Tensor gc = dense(g);
+      const Device d = gc.device();
+      Tensor dx = gx ? alloc(op, xc.shape(), d) : Tensor();
+      Tensor dw = gw ? alloc(op, wc.shape(), d) : Tensor();
+      Tensor db = gb ? alloc(op, bc.shape(), d) : Tensor();
+      set_device(d);
+      check_status(op, ctx->conv->backward(ptr(dx), ptr(dw), ptr(db), cptr(gc), cptr(xc), cptr(wc),
+                                           s, kStream));
+      return std::vector<Tensor>{dx, dw, db, gr ? gc : Tensor()};
+    });
   }
 
   Tensor group_norm(const Tensor& x, const Tensor& shift, int64_t groups, const Tensor& weight,
@@ -337,8 +336,7 @@ class CudaOps final : public ops::DeviceOps {
         Tensor gp = alloc(op, shapes[i], gc.device());
         if (gp.numel() > 0) {
           strided_copy(ptr(gp), cptr(gc) + starts[i] * gc.strides()[static_cast<size_t>(dim)],
-                       as_int(rank), shapes[i].data(), gc.strides().data(), sizeof(float),
-                       kStream);
+                       as_int(rank), shapes[i].data(), gc.strides().data(), sizeof(float), kStream);
         }
         grads.push_back(gp);
       }
@@ -417,14 +415,13 @@ class CudaOps final : public ops::DeviceOps {
       set_device(gc.device());
       Tensor dqkv = alloc(op, xc.shape(), gc.device());
       Tensor delta = alloc(op, {b, h, t}, gc.device());
-      flash_attention_backward(ptr(dqkv), ptr(delta), cptr(gc), cptr(xc), cptr(saved), cptr(lse),
-                               b, t, c, h, mask, 0, kStream);
+      flash_attention_backward(ptr(dqkv), ptr(delta), cptr(gc), cptr(xc), cptr(saved), cptr(lse), b,
+                               t, c, h, mask, 0, kStream);
       return std::vector<Tensor>{dqkv};
     });
   }
 
-  Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
-                       int32_t ignore_index) override {
+  Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index) override {
     const char* op = "cross_entropy";
     set_device(logits.device());
     const int n = as_int(logits.size(0)), v = as_int(logits.size(1));

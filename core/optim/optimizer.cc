@@ -58,6 +58,14 @@ void adamw_loop(T* pp, const T* pg, T* pm, T* pv, int64_t n, const ops::DeviceAd
   }
 }
 
+template <typename T>
+double sum_squares_loop(const T* pg, int64_t n) {
+  double s = 0.0;
+#pragma omp parallel for simd reduction(+ : s) if (n > (1 << 15))
+  for (int64_t j = 0; j < n; ++j) s += static_cast<double>(pg[j]) * pg[j];
+  return s;
+}
+
 // Optimizer state lives where its parameter lives: moved once, on the first step after the
 // parameter moved (a model sent to a GPU after its optimizer was made).
 void follow(Tensor& state, const Tensor& param) {
@@ -80,6 +88,7 @@ void adamw_update_f32(float* p, const float* g, float* m, float* v, int64_t n,
 void sgd_update_f32(float* p, const float* g, float* velocity, int64_t n, const ops::DeviceSgd& s) {
   sgd_loop<float>(p, g, velocity, n, s);
 }
+double sum_squares_f32(const float* g, int64_t n) { return sum_squares_loop<float>(g, n); }
 }  // namespace internal
 
 std::vector<ParamGroup> decay_matrices_only(const std::vector<Tensor>& params) {
@@ -204,14 +213,7 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
       sq += ops::internal::device_ops_for("clip_grad_norm", {&g}).sum_squares(g);
       continue;
     }
-    for_float(g, [&]<typename T>() {
-      const T* pg = g.data<T>();
-      const int64_t n = g.numel();
-      double s = 0.0;
-#pragma omp parallel for simd reduction(+ : s) if (n > (1 << 15))
-      for (int64_t j = 0; j < n; ++j) s += static_cast<double>(pg[j]) * pg[j];
-      sq += s;
-    });
+    for_float(g, [&]<typename T>() { sq += sum_squares_loop<T>(g.data<T>(), g.numel()); });
   }
   const double norm = std::sqrt(sq);
   if (max_norm > 0.0 && norm > max_norm) {

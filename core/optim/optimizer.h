@@ -97,6 +97,8 @@ namespace internal {
 void adamw_update_f32(float* p, const float* g, float* m, float* v, int64_t n,
                       const ops::DeviceAdamW& a);
 void sgd_update_f32(float* p, const float* g, float* velocity, int64_t n, const ops::DeviceSgd& s);
+// clip_grad_norm's sum of squares of one f32 gradient, in double.
+double sum_squares_f32(const float* g, int64_t n);
 }  // namespace internal
 
 }  // namespace starling::optim

@@ -6,6 +6,7 @@
 #include "edge_client/ddpm_trainer.h"
 #include "edge_client/mdlm_trainer.h"
 #include "edge_client/model_params.h"
+#include "tests/testing/emulated_device.h"
 
 namespace starling::edge_client {
 namespace {
@@ -122,6 +123,64 @@ TEST_CASE("federated rounds of the diffusion trainers lower their loss", "[edge_
     CHECK(last->num_samples == 12);
     CHECK(last->loss < 0.8f * first->loss);
   }
+}
+
+TEST_CASE("a DDPM client round on a device equals the CPU round bit for bit",
+          "[edge_client][device]") {
+  // SGD with FedProx's term, SGD alone and AdamW with clipping: the delta a client sends and its
+  // loss are the CPU's, while the model, its gradients and the optimizer state stay on the
+  // device (tests/testing/emulated_device.h; tests/cuda runs the same on a GPU).
+  for (const float mu : {0.0f, 0.1f}) {
+    for (const auto opt :
+         {LocalStepOptions::Optimizer::kSgd, LocalStepOptions::Optimizer::kAdamW}) {
+      if (opt == LocalStepOptions::Optimizer::kAdamW && mu > 0) continue;
+      INFO("prox_mu " << mu << ", AdamW " << (opt == LocalStepOptions::Optimizer::kAdamW));
+      DdpmTrainerOptions o = tiny_ddpm();
+      o.steps.optimizer = opt;
+      o.steps.prox_mu = mu;
+      o.steps.grad_clip = 0.05f;
+      o.model.unet.attention = true;
+      o.model.unet.dropout = 0.1;
+      const auto global = flatten(models::Ddpm(o.model, 1).net());
+      std::vector<float> cpu_delta(global.size()), dev_delta(global.size());
+      DdpmTrainer cpu(squares(), all(12), o);
+      testing::EmulatedDevice device;
+      o.device = testing::EmulatedDevice::device();
+      DdpmTrainer dev(squares(), all(12), o);
+      for (int round = 0; round < 2; ++round) {  // the second round reuses the moved model
+        INFO("round " << round);
+        auto rc = cpu.train(global, plan(3, 4, 0.02f), cpu_delta);
+        auto rd = dev.train(global, plan(3, 4, 0.02f), dev_delta);
+        REQUIRE(rc.ok());
+        REQUIRE(rd.ok());
+        CHECK(rd->loss == rc->loss);
+        CHECK(dev_delta == cpu_delta);
+      }
+    }
+  }
+}
+
+TEST_CASE("a DDPM client asked for a device that is not there fails its rounds with the reason",
+          "[edge_client][device]") {
+  DdpmTrainerOptions o = tiny_ddpm();
+  o.device = Device::cuda(0);
+  DdpmTrainer t(squares(), all(12), o);
+  const auto global = flatten(models::Ddpm(o.model, 1).net());
+  std::vector<float> delta(global.size());
+  {
+    testing::EmulatedDevice device;  // one device only
+    DdpmTrainerOptions o7 = o;
+    o7.device = Device::cuda(7);
+    DdpmTrainer seven(squares(), all(12), o7);
+    auto r = seven.train(global, plan(1, 2, 0.01f), delta);
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(), Catch::Contains("cuda:7") && Catch::Contains("not visible"));
+  }
+#if !defined(STARLING_WITH_CUDA)
+  auto r = t.train(global, plan(1, 2, 0.01f), delta);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("client.device") && Catch::Contains("CUDA"));
+#endif
 }
 
 TEST_CASE("diffusion local steps and bad input", "[edge_client]") {

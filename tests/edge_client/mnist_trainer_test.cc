@@ -7,6 +7,7 @@
 
 #include "core/util/rng.h"
 #include "edge_client/model_params.h"
+#include "tests/testing/emulated_device.h"
 
 namespace starling::edge_client {
 namespace {
@@ -122,6 +123,35 @@ TEST_CASE("the CNN trainer learns the tiny images and keeps the paper's names", 
   REQUIRE(longer.ok());
   CHECK(longer->loss < first->loss);
   CHECK(trainer.working_set_bytes(plan_of(1, 0.05f)) > 0);
+}
+
+TEST_CASE("the 2NN and the CNN train on a device exactly as on the CPU", "[edge_client][device]") {
+  // Plain SGD and SGD with FedProx's term: the delta and loss are the CPU round's, bit for bit,
+  // with the model and its gradients on the (emulated) device; tests/cuda runs the same on a GPU.
+  for (const bool cnn : {false, true}) {
+    for (const float mu : {0.0f, 0.5f}) {
+      INFO((cnn ? "CNN" : "2NN") << ", prox_mu " << mu);
+      MnistTrainerOptions o = opts(8, 1, mu);
+      if (cnn) {
+        o.model = MnistModel::kCnn;
+        o.cnn = models::CnnConfig{0, 4, 8, 16, 10};
+      }
+      const auto global = flatten(*make_mnist_model(o, 16, 7));
+      std::vector<float> cpu_delta(global.size()), dev_delta(global.size());
+      MnistTrainer cpu(tiny_set(), all(40), o);
+      testing::EmulatedDevice device;
+      o.device = testing::EmulatedDevice::device();
+      MnistTrainer dev(tiny_set(), all(40), o);
+      for (int round = 0; round < 2; ++round) {
+        auto rc = cpu.train(global, plan_of(6, 0.05f, 3 + round), cpu_delta);
+        auto rd = dev.train(global, plan_of(6, 0.05f, 3 + round), dev_delta);
+        REQUIRE(rc.ok());
+        REQUIRE(rd.ok());
+        CHECK(rc->loss == rd->loss);
+        CHECK(cpu_delta == dev_delta);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -168,7 +168,8 @@ TEST_CASE("model kinds: a GPT client on several GPUs needs a batch that splits o
   if (!t.ok()) CHECK_THAT(t.status().message(), Contains("client.device"));
 }
 
-TEST_CASE("model kinds: the MDLM trains on a GPU when asked, the DDPM is refused by key", "[sim]") {
+TEST_CASE("model kinds: the MDLM, the DDPM and the CNN train on a GPU when asked, or refuse by key",
+          "[sim]") {
   auto dir = data::resolve_data_dir("");
   if (!dir.ok()) return;
   auto c = parse(kGpt);
@@ -190,10 +191,45 @@ TEST_CASE("model kinds: the MDLM trains on a GPU when asked, the DDPM is refused
   std::string what;
   auto t = (*kind)->make_client_trainer(c, "kind.toml", 0, &what);
   if (!t.ok()) CHECK_THAT(t.status().message(), Contains("client.device"));
-  c.mutable_model()->set_arch(v1::FedModelConfig::DDPM);
-  auto ddpm = SimTask::create(c, "kind.toml", TaskUse::kServer);
-  REQUIRE_FALSE(ddpm.ok());
-  CHECK_THAT(ddpm.status().message(), Contains("client.device") && Contains("GPT and MDLM"));
+  // The DDPM: its U-Net on the GPU through the ops' CUDA forms (no GPU here: the simulation
+  // and the client refuse by key, never train on the CPU instead).
+  auto m = parse(kMnist);
+  m.mutable_model()->set_arch(v1::FedModelConfig::DDPM);
+  m.mutable_model()->mutable_ddpm()->set_base_channels(4);
+  m.mutable_model()->mutable_ddpm()->add_channel_mult(1);
+  m.mutable_model()->mutable_ddpm()->add_channel_mult(2);
+  m.mutable_model()->mutable_ddpm()->set_groups(2);
+  m.mutable_client()->set_device("cuda");
+  auto ddpm = SimTask::create(m, "kind.toml", TaskUse::kServer);
+  INFO(ddpm.status().to_string());
+  REQUIRE(ddpm.ok());
+  CHECK_THAT((*ddpm)->describe(), Contains("DDPM") && Contains("cuda:0"));
+  auto ddpm_sim = SimTask::create(m, "kind.toml", TaskUse::kSimulation);
+  if (!ddpm_sim.ok()) {
+    CHECK_THAT(ddpm_sim.status().message(), Contains("kind.toml") && Contains("client.device"));
+  }
+  auto ddpm_kind = model_kind(m, "kind.toml");
+  REQUIRE(ddpm_kind.ok());
+  auto dt = (*ddpm_kind)->make_client_trainer(m, "kind.toml", 0, &what);
+  if (!dt.ok()) CHECK_THAT(dt.status().message(), Contains("client.device"));
+  m.mutable_client()->add_gpus(0);
+  m.mutable_client()->add_gpus(1);
+  auto two = (*ddpm_kind)->make_client_trainer(m, "kind.toml", 0, &what);
+  REQUIRE_FALSE(two.ok());
+  CHECK_THAT(two.status().message(), Contains("client.gpus") && Contains("one GPU"));
+  // The CNN likewise (and one GPU per edge client).
+  m.clear_client();
+  m.mutable_client()->set_device("cuda");
+  m.mutable_model()->set_arch(v1::FedModelConfig::CNN);
+  m.mutable_model()->clear_ddpm();
+  auto cnn = SimTask::create(m, "kind.toml", TaskUse::kServer);
+  INFO(cnn.status().to_string());
+  REQUIRE(cnn.ok());
+  CHECK_THAT((*cnn)->describe(), Contains("CNN") && Contains("cuda:0"));
+  auto cnn_sim = SimTask::create(m, "kind.toml", TaskUse::kSimulation);
+  if (!cnn_sim.ok()) {
+    CHECK_THAT(cnn_sim.status().message(), Contains("kind.toml") && Contains("client.device"));
+  }
 }
 
 TEST_CASE(

@@ -68,8 +68,8 @@ inline void unet_steps_on(Device device, int steps, double rel) {
     const Tensor noise = Tensor::randn({3, 1, 8, 8}, rng);
     const Tensor t = Tensor::from_vector(std::vector<float>{1, 50, 999}, {3});
     const Tensor loss_c = ops::mean(ops::square(ops::sub(cpu.forward(x, t), noise)));
-    const Tensor loss_d = ops::mean(ops::square(
-        ops::sub(dev.forward(*x.to(device), *t.to(device)), *noise.to(device))));
+    const Tensor loss_d = ops::mean(
+        ops::square(ops::sub(dev.forward(*x.to(device), *t.to(device)), *noise.to(device))));
     REQUIRE(loss_d.device() == device);
     check_close(loss_c.item(), loss_d.item(), rel);
     autograd::backward(loss_c);

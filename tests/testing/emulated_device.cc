@@ -179,10 +179,7 @@ class HostOps final : public ops::DeviceOps {
   double sum_squares(const Tensor& g) override {
     ++calls;
     const Tensor h = to_host(g);
-    const float* p = h.data<float>();
-    double s = 0;
-    for (int64_t i = 0; i < h.numel(); ++i) s += static_cast<double>(p[i]) * p[i];
-    return s;
+    return optim::internal::sum_squares_f32(h.data<float>(), h.numel());
   }
   void scale_(const Tensor& x, double s) override {
     ++calls;
