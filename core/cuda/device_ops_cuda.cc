@@ -44,9 +44,10 @@ void check_status(const char* op, const Status& st) {
   if (!st.ok()) fail(op, st.to_string());
 }
 
-// Fresh f32 (or other dtype) memory on the device of `like`.
+// Fresh f32 (or other dtype) memory on `d`, not zeroed: every kernel here overwrites its
+// outputs and scratch.
 Tensor alloc(const char* op, const Shape& shape, Device d, DType dtype = DType::kF32) {
-  auto t = Tensor::zeros_on(shape, dtype, d);
+  auto t = Tensor::uninitialized_on(shape, dtype, d);
   if (!t.ok()) fail(op, "allocating " + shape_str(shape) + ": " + t.status().to_string());
   return *t;
 }

@@ -65,6 +65,10 @@ class CudaTensorBackend final : public DeviceBackend {
     return p;
   }
 
+  Result<void*> allocate_uninitialized(int index, size_t nbytes) override {
+    return allocators_[static_cast<size_t>(index)]->allocate(nbytes);
+  }
+
   void release(int index, void* p, size_t) override {
     allocators_[static_cast<size_t>(index)]->deallocate(p);
   }

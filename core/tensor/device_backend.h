@@ -28,6 +28,10 @@ class DeviceBackend {
   virtual Status copy(void* dst, const void* src, size_t nbytes, Direction direction,
                       int index) = 0;
 
+  // nbytes (> 0) of device memory left as it comes (for a writer that overwrites every byte);
+  // the default zeroes it (allocate()).
+  virtual Result<void*> allocate_uninitialized(int index, size_t nbytes);
+
   // Optional fast paths; the defaults answer Unimplemented and Tensor then goes through host
   // memory (correct, slower).
   // Lays out a strided view of device memory contiguously at dst (both on device `index`):

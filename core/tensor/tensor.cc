@@ -202,6 +202,10 @@ namespace {
 std::array<std::atomic<DeviceBackend*>, 2> g_backends{};  // by DeviceType
 }  // namespace
 
+Result<void*> DeviceBackend::allocate_uninitialized(int index, size_t nbytes) {
+  return allocate(index, nbytes);
+}
+
 Status DeviceBackend::gather(void*, const void*, int, const int64_t*, const int64_t*, size_t, int) {
   return unimplemented(std::string(name()) + " has no strided gather");
 }
@@ -228,8 +232,8 @@ std::string device_str(Device d) {
          std::to_string(d.index);
 }
 
-Result<std::shared_ptr<Storage>> Storage::on_device(size_t nbytes, Device device) {
-  if (device.is_cpu()) return std::make_shared<Storage>(nbytes);
+Result<std::shared_ptr<Storage>> Storage::on_device(size_t nbytes, Device device, bool zero) {
+  if (device.is_cpu()) return std::make_shared<Storage>(nbytes, zero);
   DeviceBackend* backend = device_backend(device.type);
   if (backend == nullptr) {
     return failed_precondition(device_str(device) +
@@ -243,7 +247,8 @@ Result<std::shared_ptr<Storage>> Storage::on_device(size_t nbytes, Device device
   }
   void* p = nullptr;
   if (nbytes > 0) {
-    auto r = backend->allocate(device.index, nbytes);
+    auto r = zero ? backend->allocate(device.index, nbytes)
+                  : backend->allocate_uninitialized(device.index, nbytes);
     if (!r.ok()) return r.status().with_context(device_str(device));
     p = *r;
   }
@@ -278,13 +283,22 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype) { return empty(shape, dtyp
 
 Result<Tensor> Tensor::zeros_on(const Shape& shape, DType dtype, Device device) {
   if (device.is_cpu()) return zeros(shape, dtype);
+  return on_device_impl(shape, dtype, device, true);
+}
+
+Result<Tensor> Tensor::uninitialized_on(const Shape& shape, DType dtype, Device device) {
+  if (device.is_cpu()) return uninitialized(shape, dtype);
+  return on_device_impl(shape, dtype, device, false);
+}
+
+Result<Tensor> Tensor::on_device_impl(const Shape& shape, DType dtype, Device device, bool zero) {
   for (int64_t d : shape) {
     if (d < 0) return invalid_argument("negative dimension in shape " + shape_str(shape));
   }
   auto impl = std::make_shared<TensorImpl>();
-  ASSIGN_OR_RETURN(
-      impl->storage,
-      Storage::on_device(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device));
+  ASSIGN_OR_RETURN(impl->storage,
+                   Storage::on_device(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype),
+                                      device, zero));
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
@@ -322,7 +336,7 @@ Result<Tensor> Tensor::to(Device device) const {
     host = Tensor(std::move(impl)).contiguous();
   }
   if (device.is_cpu()) return host;
-  ASSIGN_OR_RETURN(Tensor out, zeros_on(shape(), dtype(), device));
+  ASSIGN_OR_RETURN(Tensor out, uninitialized_on(shape(), dtype(), device));
   if (out.nbytes() > 0) {
     RETURN_IF_ERROR(device_backend(device.type)
                         ->copy(out.impl_->storage->data(), host.raw_data(), out.nbytes(),
@@ -569,7 +583,7 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::clone() const {
   if (!is_cpu() && is_contiguous()) {  // device to device
-    auto out = zeros_on(shape(), dtype(), device());
+    auto out = uninitialized_on(shape(), dtype(), device());
     STARLING_TCHECK(out.ok(),
                     "clone() on " + device_str(device()) + ": " + out.status().to_string());
     if (nbytes() > 0) {
@@ -584,7 +598,7 @@ Tensor Tensor::clone() const {
     return *out;
   }
   if (!is_cpu() && numel() > 0) {  // a strided view: the device's gather when it has one
-    auto out = zeros_on(shape(), dtype(), device());
+    auto out = uninitialized_on(shape(), dtype(), device());
     STARLING_TCHECK(out.ok(),
                     "clone() on " + device_str(device()) + ": " + out.status().to_string());
     const Status st = device_backend(device().type)

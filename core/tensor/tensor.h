@@ -48,9 +48,10 @@ Strides contiguous_strides(const Shape& s);
 class Storage {
  public:
   explicit Storage(size_t nbytes, bool zero = true);
-  // Zeroed bytes on `device` (the CPU, or a device whose backend is installed). Errors name the
+  // Zeroed bytes on `device` (the CPU, or a device whose backend is installed); zero = false
+  // leaves a device's bytes as they come (for writers that overwrite them all). Errors name the
   // device: no backend installed, an index not present, out of memory.
-  static Result<std::shared_ptr<Storage>> on_device(size_t nbytes, Device device);
+  static Result<std::shared_ptr<Storage>> on_device(size_t nbytes, Device device, bool zero = true);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -105,6 +106,9 @@ class Tensor {
                         DType dtype = DType::kF32);
   // Zeros on `device` (any device; the CPU gives zeros()). Errors name the device.
   static Result<Tensor> zeros_on(const Shape& shape, DType dtype, Device device);
+  // The same with the device's bytes left uninitialized: only for kernels that overwrite every
+  // element (a device op's output), saving the memset.
+  static Result<Tensor> uninitialized_on(const Shape& shape, DType dtype, Device device);
 
   bool defined() const { return impl_ != nullptr; }
   const std::shared_ptr<TensorImpl>& impl() const { return impl_; }
@@ -185,6 +189,7 @@ class Tensor {
  private:
   void check_dtype(DType t) const;
   void check_host() const;
+  static Result<Tensor> on_device_impl(const Shape& shape, DType dtype, Device device, bool zero);
   std::shared_ptr<TensorImpl> impl_;
 };
 
