@@ -134,6 +134,7 @@ Row run_ours(const Shape& s, int gpu, int warmup, int steps, double peak, bool b
     if (it >= warmup) times.push_back(dt);
   }
   const double sec = median(times);
+  r.note = "CUDA graph " + m.graph_note();  // STARLING_CUDA_GRAPHS=0: eager steps
   if (profile_steps > 0) {
     // Where a step goes: each operation timed by CUDA events on the stream (the events add a
     // little to the step; the table's shares are of the step measured above).

@@ -84,8 +84,17 @@ if [ ! -f "$cuda_home/include/nccl.h" ] && [ ! -f /usr/include/nccl.h ]; then
   fi
 fi
 # cuDNN (the convolutions of the DDPM and the CNN) likewise from Python's nvidia-cudnn wheel.
-if [ ! -f "$cuda_home/include/cudnn.h" ] && [ ! -f /usr/include/cudnn.h ] &&
-   [ ! -f /usr/include/x86_64-linux-gnu/cudnn.h ]; then
+# Header and library must come from one place: the wheel unless the toolkit or the system has
+# both.
+have_cudnn=no
+if [ -f "$cuda_home/include/cudnn.h" ] && ls "$cuda_home"/lib64/libcudnn.so* >/dev/null 2>&1; then
+  have_cudnn=yes
+fi
+if { [ -f /usr/include/cudnn.h ] || [ -f /usr/include/x86_64-linux-gnu/cudnn.h ]; } &&
+   ls /usr/lib/x86_64-linux-gnu/libcudnn.so* >/dev/null 2>&1; then
+  have_cudnn=yes
+fi
+if [ "$have_cudnn" = no ]; then
   cudnn=$("${TORCH_PYTHON:-python3}" -c "import nvidia.cudnn as m; print(m.__path__[0])" 2>/dev/null ||
           python3 -c "import nvidia.cudnn as m; print(m.__path__[0])" 2>/dev/null || true)
   if [ -n "$cudnn" ]; then
@@ -190,6 +199,12 @@ for mode in materialized bf16; do
     --precision "${GPT_BENCH_PRECISION:-bf16}" --warmup "${GPT_BENCH_WARMUP:-2}" \
     --steps "${GPT_BENCH_STEPS:-5}"
 done
+# The same steps without CUDA graphs (the default captures a step's forward and backward once
+# and replays it; the note column of every row says which ran).
+STARLING_CUDA_GRAPHS=0 step gpt_train_bench_nographs 120 \
+  "$build/bench/gpt_train_bench" --no-torch --shapes "${GPT_BENCH_SHAPES:-char}" \
+  --precision "${GPT_BENCH_PRECISION:-bf16}" --warmup "${GPT_BENCH_WARMUP:-2}" \
+  --steps "${GPT_BENCH_STEPS:-5}"
 
 # Where a fused step goes, operation by operation (CUDA events around each; ours only): the char
 # GPT and GPT-2 124M, 3 profiled steps after 2 timed ones.
@@ -269,8 +284,12 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
   echo
   grep -E '^(GPU:|\||ratio:)' "$logs/gpt_train_bench.log" 2>/dev/null || echo "(gpt_train_bench did not run)"
   echo
-  for mode in materialized bf16; do
-    echo "The same with STARLING_CUDA_ATTENTION=$mode:"
+  for mode in materialized bf16 nographs; do
+    if [ "$mode" = nographs ]; then
+      echo "The same without CUDA graphs (STARLING_CUDA_GRAPHS=0):"
+    else
+      echo "The same with STARLING_CUDA_ATTENTION=$mode:"
+    fi
     grep -E '^\| [a-z]' "$logs/gpt_train_bench_$mode.log" 2>/dev/null | grep -v '^| shape' ||
       echo "(did not run)"
   done

@@ -193,6 +193,17 @@ class FusedBackend {
   virtual size_t bytes_in_use() const = 0;
   virtual size_t peak_bytes() const = 0;
 
+  // Graphs (CUDA graphs): between begin_capture and end_capture the work this thread enqueues is
+  // recorded instead of run; end_capture returns it as a graph that replay enqueues again, with
+  // the same arguments and memory. Unimplemented where the backend cannot capture (the CPU's
+  // calls run when made). A capture that meets an operation it cannot record fails at
+  // end_capture with the reason; the recorded work did not run either way.
+  virtual Status begin_capture() { return unimplemented(name() + " cannot capture graphs"); }
+  virtual Result<std::shared_ptr<void>> end_capture() {
+    return unimplemented(name() + " cannot capture graphs");
+  }
+  virtual void replay(const std::shared_ptr<void>& graph) { (void)graph; }
+
   // Per-operation timing for benchmarks (`gpt_train_bench --profile`). While on, the engine
   // brackets each operation it enqueues with profile_begin / profile_end and the backend times
   // the work between them where it runs: CUDA events on the stream (device time, no host

@@ -80,6 +80,7 @@ class CudaBackend final : public FusedBackend {
     alloc_.deallocate(scratch_);
     alloc_.deallocate(bf16_);
     alloc_.deallocate(zeros_);
+    alloc_.deallocate(cublas_workspace_);
   }
 
   Status init() {
@@ -90,6 +91,10 @@ class CudaBackend final : public FusedBackend {
     STARLING_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(scratch_) + 4, &one, sizeof one,
                                         cudaMemcpyHostToDevice, stream_.get()));
     STARLING_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    // A workspace of cuBLAS's own, so that a captured step (CUDA graphs) allocates nothing: 32
+    // MiB, cuBLAS's default size on Hopper.
+    ASSIGN_OR_RETURN(cublas_workspace_, alloc_.allocate(kCublasWorkspace));
+    STARLING_CUBLAS_CHECK(cublasSetWorkspace(cublas_.get(), cublas_workspace_, kCublasWorkspace));
     return ok_status();
   }
 
@@ -166,6 +171,24 @@ class CudaBackend final : public FusedBackend {
   // cuBLAS everywhere (on the H200 faster at GPT-2's T = 1024 but 10 GB more), =bf16 the
   // tensor-core flash kernels (bf16 operands; measured slower than the fp32 ones so far). See
   // docs/cuda.md, "Flash attention".
+  // In the bf16 precision mode the materialized attention's fp32 GEMMs (scores, probabilities
+  // times values, and their gradients) run on tensor cores as TF32: 10 mantissa bits, finer than
+  // the bf16 operands of the linear layers, so the mode's 1e-2 parity holds, at several times
+  // the fp32 FMA rate. fp32 mode keeps IEEE fp32 (the handle's default).
+  class Tf32Scope {
+   public:
+    Tf32Scope(cublasHandle_t h, bool on) : h_(on ? h : nullptr) {
+      if (h_) STARLING_CUBLAS_CHECK(cublasSetMathMode(h_, CUBLAS_TF32_TENSOR_OP_MATH));
+    }
+    ~Tf32Scope() {
+      if (h_) cublasSetMathMode(h_, CUBLAS_DEFAULT_MATH);
+    }
+    Tf32Scope(const Tf32Scope&) = delete;
+    Tf32Scope& operator=(const Tf32Scope&) = delete;
+
+   private:
+    cublasHandle_t h_;
+  };
   void set_attention(Attention a) override {
     if (!env_attention_) attention_ = a;  // STARLING_CUDA_ATTENTION takes precedence
   }
@@ -186,6 +209,7 @@ class CudaBackend final : public FusedBackend {
     const auto kind = mask_kind(mask);
     const int block = static_cast<int>(mask.block);
     if (!flash(c, h)) {
+      const Tf32Scope tf32(cublas_.get(), bf16_matmuls_);
       cuda::attention_forward(out, att, qkv, b, t, c, h, kind, block, cublas_.get(), stream_.get());
     } else if (flash_bf16()) {
       cuda::flash_attention_forward_bf16(out, att, qkv, b, t, c, h, kind, block, stream_.get());
@@ -199,6 +223,7 @@ class CudaBackend final : public FusedBackend {
     const auto kind = mask_kind(mask);
     const int block = static_cast<int>(mask.block);
     if (!flash(c, h)) {
+      const Tf32Scope tf32(cublas_.get(), bf16_matmuls_);
       cuda::attention_backward(dqkv, scratch, dout, qkv, att, b, t, c, h, cublas_.get(),
                                stream_.get());
     } else if (flash_bf16()) {
@@ -280,6 +305,39 @@ class CudaBackend final : public FusedBackend {
   void wait_marked(const std::shared_ptr<void>& mark) override {
     if (mark) STARLING_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(mark.get())));
   }
+  Status begin_capture() override {
+    // Thread-local: only this thread's calls are checked, other threads' work (a client's codec
+    // thread) goes on.
+    const cudaError_t e = cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return unimplemented(std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(e));
+    }
+    return ok_status();
+  }
+  Result<std::shared_ptr<void>> end_capture() override {
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(stream_.get(), &graph);
+    if (e != cudaSuccess || graph == nullptr) {
+      cudaGetLastError();  // clears the error the failed capture left
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      return failed_precondition(std::string("the step could not be captured as a CUDA graph (") +
+                                 cudaGetErrorString(e) + ")");
+    }
+    cudaGraphExec_t exec = nullptr;
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return failed_precondition(std::string("cudaGraphInstantiate: ") + cudaGetErrorString(e));
+    }
+    return std::shared_ptr<void>(
+        exec, [](void* p) { cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(p)); });
+  }
+  void replay(const std::shared_ptr<void>& graph) override {
+    STARLING_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph.get()), stream_.get()));
+  }
+
   size_t bytes_in_use() const override { return alloc_.stats().in_use; }
   size_t peak_bytes() const override { return alloc_.stats().peak_in_use; }
 
@@ -367,6 +425,8 @@ class CudaBackend final : public FusedBackend {
   size_t bf16_bytes_ = 0;
   cuda::Stream stream_;
   cuda::CublasHandle cublas_;
+  static constexpr size_t kCublasWorkspace = size_t{32} << 20;
+  void* cublas_workspace_ = nullptr;
   std::optional<Attention> env_attention_;  // set: it wins over set_attention
   Attention attention_ = Attention::kFlash;
   void* scratch_ = nullptr;

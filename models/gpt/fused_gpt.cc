@@ -2,8 +2,11 @@
 // flat buffers, and the StateDict bridge to models::Gpt.
 #include "models/gpt/fused_gpt.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <unordered_map>
@@ -171,6 +174,10 @@ Result<std::unique_ptr<FusedGpt>> FusedGpt::make(const GptConfig& config, int64_
   m->lnfw_ = at("transformer.ln_f.weight");
   m->lnfb_ = at("transformer.ln_f.bias");
   RETURN_IF_ERROR(m->allocate(), "fused GPT on " + m->backend_->name());
+  // STARLING_CUDA_GRAPHS=0: eager steps (for comparison; set_graphs).
+  if (const char* g = std::getenv("STARLING_CUDA_GRAPHS"); g != nullptr && std::string(g) == "0") {
+    m->set_graphs(false);
+  }
 
   // The autograd model's initialization, so both engines start from the same weights.
   const Gpt init(config, seed);
@@ -461,6 +468,67 @@ void FusedGpt::forward() {
 }
 
 void FusedGpt::backward() {
+  backward_layers();
+  embedding_backward();
+}
+
+void FusedGpt::embedding_backward() {
+  const int N = static_cast<int>(rows_ * t_), C = static_cast<int>(config_.n_embd);
+  const int P = static_cast<int>(positions_);
+  const EncoderBuckets bk{a_.bucket_order, a_.bucket_starts, a_.bucket_tokens, a_.num_unique};
+  timed(*backend_, "embedding bwd",
+        [&] { backend_->encoder_backward(grad(wte_), grad(wpe_), a_.dres, bk, N / P, P, C); });
+}
+
+void FusedGpt::set_graphs(bool on) {
+  graphs_ = on;
+  graph_.reset();
+  graph_rows_ = warm_rows_ = -1;
+  graph_note_ = on ? "on (not captured yet)" : "off";
+}
+
+bool FusedGpt::run_graph() {
+  if (!graphs_ || reducer_ || backend_->profiling()) return false;
+  if (graph_ && graph_rows_ == rows_ && graph_weighted_ == weighted_) {
+    backend_->replay(graph_);
+    return true;
+  }
+  // The first step of a shape runs eagerly: libraries finish their lazy setup (cuBLAS
+  // heuristics, kernel attributes) outside the capture.
+  if (warm_rows_ != rows_) {
+    warm_rows_ = rows_;
+    return false;
+  }
+  graph_.reset();
+  auto fail = [&](const Status& why) {
+    graphs_ = false;
+    graph_note_ = "off: " + why.message();
+    // A backend without graphs (the CPU) is the expected case; a failed capture is worth a word.
+    if (why.code() == StatusCode::kUnimplemented) {
+      spdlog::debug("fused engine on {}: training steps run eagerly ({})", backend_->name(),
+                    why.message());
+    } else {
+      spdlog::warn("fused engine on {}: training steps run eagerly ({})", backend_->name(),
+                   why.message());
+    }
+    return false;
+  };
+  if (Status st = backend_->begin_capture(); !st.ok()) return fail(st);
+  forward();
+  backward_layers();
+  auto g = backend_->end_capture();
+  if (!g.ok()) return fail(g.status());  // nothing ran: the caller runs the step eagerly
+  graph_ = *g;
+  graph_rows_ = rows_;
+  graph_weighted_ = weighted_;
+  graph_note_ =
+      "on: captured a graph of the " + std::to_string(rows_) + " x " + std::to_string(t_) + " step";
+  spdlog::info("fused engine on {}: {}", backend_->name(), graph_note_);
+  backend_->replay(graph_);
+  return true;
+}
+
+void FusedGpt::backward_layers() {
   FusedBackend& k = *backend_;
   const int B = static_cast<int>(rows_), T = static_cast<int>(t_);
   const int C = static_cast<int>(config_.n_embd), V = static_cast<int>(config_.vocab_size);
@@ -523,9 +591,6 @@ void FusedGpt::backward() {
     timed(k, "residual add", [&] { k.residual_add(a_.dres, a_.dres, a_.dbtc2, NC); });
     if (reducing_) reducer_->ready(grads_ + block_ranges_[li].first, block_ranges_[li].second);
   }
-  const EncoderBuckets bk{a_.bucket_order, a_.bucket_starts, a_.bucket_tokens, a_.num_unique};
-  timed(k, "embedding bwd",
-        [&] { k.encoder_backward(grad(wte_), grad(wpe_), a_.dres, bk, N / P, P, C); });
 }
 
 Result<double> FusedGpt::loss(const int32_t* idx, const int32_t* targets, size_t count) {
@@ -630,10 +695,13 @@ Result<FusedStepResult> FusedGpt::train_step(const FusedBatch& batch, double lr,
     ProfileScope upload(*backend_, "batch upload");
     RETURN_IF_ERROR(set_batch(batch));
   }
-  forward();
-  reducing_ = reducer_ != nullptr;  // only a training step averages (not forward_backward)
-  backward();
-  reducing_ = false;
+  if (!run_graph()) {
+    forward();
+    reducing_ = reducer_ != nullptr;  // only a training step averages (not forward_backward)
+    backward_layers();
+    reducing_ = false;
+  }
+  embedding_backward();
   if (reducer_) {
     for (const auto& [off, n] : other_ranges_) reducer_->ready(grads_ + off, n);
     float* loss = reinterpret_cast<float*>(static_cast<char*>(a_.scalars) + kLossOffset);

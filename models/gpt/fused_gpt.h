@@ -140,6 +140,19 @@ class FusedGpt {
   // (a federated client's round).
   void reset_optimizer();
 
+  // A training step's forward and backward as a graph (FusedBackend::begin_capture: CUDA
+  // graphs), on by default where the backend can capture (STARLING_CUDA_GRAPHS=0 turns it off):
+  // the second step of a batch shape is captured and every later step of that shape replays it,
+  // so hundreds of launches become one. The embedding gradient (its grid follows the batch's
+  // tokens), clipping and AdamW (their arguments change per step) stay outside. Off while
+  // profiling or data parallel (the reducer's hooks run inside backward). A backend that cannot
+  // capture, or a capture that fails, leaves the step eager; the reason is in graph_note() and
+  // logged once.
+  void set_graphs(bool on);
+  bool graphs() const { return graphs_; }
+  // "off", "on (not captured yet)", "on: captured a graph of the B x T step", or why not.
+  const std::string& graph_note() const { return graph_note_; }
+
   // Data-parallel training over `comm` (collective: every rank's engine calls it, with the same
   // config and batch shape). Rank 0's parameters are broadcast to every rank; from then on
   // train_step averages the gradients over the ranks before clipping and AdamW (each transformer
@@ -166,7 +179,13 @@ class FusedGpt {
   // exactly B * T. Sets rows_ to the batch's rows.
   Status set_batch(const FusedBatch& batch, bool fewer_rows = false);
   void forward();
+  // backward_layers: every gradient but the embeddings'; backward = it + embedding_backward.
   void backward();
+  void backward_layers();
+  void embedding_backward();
+  // The forward and backward_layers of a training step as a graph: true when it ran that way
+  // (replayed, or captured and replayed), false to run them eagerly.
+  bool run_graph();
   // AdamW on every parameter: one backend call per run of tensors with the same decay flag.
   void adamw_step(double lr, const FusedOptimizer& opt);
 
@@ -196,6 +215,13 @@ class FusedGpt {
   bool reducing_ = false;  // inside train_step's backward: hand finished blocks to reducer_
   std::vector<std::pair<size_t, size_t>> block_ranges_, other_ranges_;
   bool weighted_ = false;  // the current batch has weights (a_.weights)
+  // Graphs (set_graphs): the captured step, the batch shape it was captured for, the shape the
+  // last eager (warm-up) step ran.
+  bool graphs_ = true;
+  std::string graph_note_ = "on (not captured yet)";
+  std::shared_ptr<void> graph_;
+  int64_t graph_rows_ = -1, warm_rows_ = -1;
+  bool graph_weighted_ = false;
 
   std::vector<void*> owned_;  // every backend allocation, freed in ~FusedGpt
   float* params_ = nullptr;
