@@ -478,14 +478,30 @@ class CudaOps final : public ops::DeviceOps {
                    static_cast<float>(s.weight_decay), s.nesterov, s.first_step, kStream);
   }
 
-  double sum_squares(const Tensor& g) override {
-    set_device(g.device());
-    const Tensor gc = dense(g);
-    Tensor out = alloc("clip_grad_norm", {1}, g.device(), DType::kF64);
-    Tensor scratch = alloc("clip_grad_norm", {kSumSquaresBlocks}, g.device(), DType::kF64);
-    cuda::sum_squares(out.device_data<double>(), scratch.device_data<double>(), cptr(gc),
-                      static_cast<size_t>(g.numel()), kStream);
-    return out.item();
+  double sum_squares(const std::vector<Tensor>& gs) override {
+    const Device d = gs.front().device();
+    set_device(d);
+    const auto k = static_cast<int64_t>(gs.size());
+    Tensor out = alloc("clip_grad_norm", {k}, d, DType::kF64);
+    Tensor scratch = alloc("clip_grad_norm", {kSumSquaresBlocks}, d, DType::kF64);
+    std::vector<Tensor> keep;  // contiguous copies live until the sums are read
+    for (int64_t i = 0; i < k; ++i) {
+      const Tensor gc = dense(gs[static_cast<size_t>(i)]);
+      keep.push_back(gc);
+      cuda::sum_squares(out.device_data<double>() + i, scratch.device_data<double>(), cptr(gc),
+                        static_cast<size_t>(gc.numel()), kStream);
+    }
+    const std::vector<double> sums = out.to_double_vector();  // the one wait
+    double sq = 0.0;
+    for (double v : sums) sq += v;
+    return sq;
+  }
+
+  void ema_update(const Tensor& ema, const Tensor& w, float d) override {
+    set_device(ema.device());
+    check("ema", ema.is_contiguous(), "in-place update of a strided tensor");
+    const Tensor wc = dense(w);
+    ema_lerp(ptr(ema), cptr(wc), d, static_cast<size_t>(ema.numel()), kStream);
   }
 
   void scale_(const Tensor& x, double s) override {

@@ -97,6 +97,9 @@ void scale(float* out, const float* a, float s, size_t n, cudaStream_t stream);
 void accumulate(float* dst, const float* src, size_t n, cudaStream_t stream);
 // out[i] = v for n values.
 void fill(float* out, float v, size_t n, cudaStream_t stream);
+// ema[i] = d ema[i] + (1 - d) w[i] for n values, rounded as the CPU's loop (two products, one
+// sum, no fused multiply-add).
+void ema_lerp(float* ema, const float* w, float d, size_t n, cudaStream_t stream);
 
 // out: () = float(float(sum of x) * float(factor)), the sum accumulated in double over a fixed
 // grid of kSumBlocks blocks and a fixed tree (deterministic): ops::sum (factor 1) and ops::mean

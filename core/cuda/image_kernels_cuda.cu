@@ -289,6 +289,14 @@ void launch_pointwise(float* out, const float* a, const float* b, size_t n, cuda
   STARLING_CUDA_CHECK_LAUNCH();
 }
 
+// Grid-stride over n values, one thread per value: ema = d ema + (1 - d) w.
+__global__ void ema_lerp_kernel(float* ema, const float* w, float d, float one_minus_d, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(blockDim.x) * gridDim.x) {
+    ema[i] = __fadd_rn(__fmul_rn(d, ema[i]), __fmul_rn(one_minus_d, w[i]));
+  }
+}
+
 // Grid-stride over n values, one thread per value: out = v.
 __global__ void fill_kernel(float* out, float v, size_t n) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -746,6 +754,12 @@ void mul(float* out, const float* a, const float* b, size_t n, cudaStream_t stre
 void scale(float* out, const float* a, float s, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, a, s, n);
+  STARLING_CUDA_CHECK_LAUNCH();
+}
+
+void ema_lerp(float* ema, const float* w, float d, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  ema_lerp_kernel<<<grid_for(n), kThreads, 0, stream>>>(ema, w, d, 1.0f - d, n);
   STARLING_CUDA_CHECK_LAUNCH();
 }
 

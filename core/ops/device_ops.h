@@ -67,10 +67,13 @@ class DeviceOps {
                           const DeviceAdamW& a) = 0;
   virtual void sgd_step(const Tensor& p, const Tensor& g, const Tensor& velocity,
                         const DeviceSgd& s) = 0;
-  // The sum of squares of g's elements, in double (clip_grad_norm); blocks until known.
-  virtual double sum_squares(const Tensor& g) = 0;
+  // The sums of squares of each g's elements in double, added in order from 0
+  // (clip_grad_norm's norm over a model's gradients); one wait for them all.
+  virtual double sum_squares(const std::vector<Tensor>& gs) = 0;
   // x *= s in place.
   virtual void scale_(const Tensor& x, double s) = 0;
+  // ema = d ema + (1 - d) w in place, f32 (a DDPM's EMA weights; the CPU's arithmetic).
+  virtual void ema_update(const Tensor& ema, const Tensor& w, float d) = 0;
 };
 
 // The table of `type` (nullptr when none is installed). Installing replaces the previous one;

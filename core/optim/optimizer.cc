@@ -206,14 +206,19 @@ void sgd_prox_step(const std::vector<Tensor>& params, float lr, float mu, const 
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   double sq = 0.0;
+  std::vector<Tensor> on_device;  // summed on their device with one wait, after the host's
   for (const auto& p : params) {
     const Tensor g = p.grad();
     if (!g.defined()) continue;
     if (!g.is_cpu()) {
-      sq += ops::internal::device_ops_for("clip_grad_norm", {&g}).sum_squares(g);
+      on_device.push_back(g);
       continue;
     }
     for_float(g, [&]<typename T>() { sq += sum_squares_loop<T>(g.data<T>(), g.numel()); });
+  }
+  if (!on_device.empty()) {
+    const Tensor& first = on_device.front();
+    sq += ops::internal::device_ops_for("clip_grad_norm", {&first}).sum_squares(on_device);
   }
   const double norm = std::sqrt(sq);
   if (max_norm > 0.0 && norm > max_norm) {

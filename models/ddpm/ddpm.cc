@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/autograd/autograd.h"
+#include "core/ops/device_ops.h"
 #include "core/ops/ops.h"
 #include "core/wire/config.pb.h"
 
@@ -118,18 +119,9 @@ void Ddpm::update_ema(int64_t step) {
   const auto src = net_->parameters();
   const auto dst = ema_->parameters();
   const auto df = static_cast<float>(d);
-  if (!device_.is_cpu()) {
-    // The same f32 arithmetic on the device: df * ema + (1 - df) * w, then the EMA tensor takes
-    // the result's storage (its handles see the new values).
-    autograd::NoGradGuard ng;
-    for (size_t i = 0; i < src.size(); ++i) {
-      const Tensor r = ops::add(ops::mul_scalar(dst[i], df),
-                                ops::mul_scalar(src[i].detach(), static_cast<double>(1.0f - df)));
-      TensorImpl& impl = *dst[i].impl();
-      impl.storage = r.impl()->storage;
-      impl.strides = r.strides();
-      impl.offset = r.offset();
-    }
+  if (!device_.is_cpu()) {  // the same f32 arithmetic, in place on the device
+    auto& table = ops::internal::device_ops_for("ddpm ema", {&dst.front()});
+    for (size_t i = 0; i < src.size(); ++i) table.ema_update(dst[i], src[i], df);
     return;
   }
   for (size_t i = 0; i < src.size(); ++i) {

@@ -74,8 +74,8 @@ class RecordingBackend final : public FusedBackend {
   void zero(void* p, size_t n) override {
     run([=, this] { inner_->zero(p, n); });
   }
-  void encoder_forward(float* out, const int* idx, const float* wte, const float* wpe, int b,
-                       int t, int c) override {
+  void encoder_forward(float* out, const int* idx, const float* wte, const float* wpe, int b, int t,
+                       int c) override {
     run([=, this] { inner_->encoder_forward(out, idx, wte, wpe, b, t, c); });
   }
   void encoder_backward(float* dwte, float* dwpe, const float* dout, const EncoderBuckets& bk,
@@ -131,12 +131,9 @@ class RecordingBackend final : public FusedBackend {
   }
   void cross_entropy_backward(float* dlogits, const float* logits, const int* targets,
                               const float* weights, int n, int v, int vp) override {
-    run([=, this] {
-      inner_->cross_entropy_backward(dlogits, logits, targets, weights, n, v, vp);
-    });
+    run([=, this] { inner_->cross_entropy_backward(dlogits, logits, targets, weights, n, v, vp); });
   }
-  void adamw(float* p, const float* g, float* m, float* v, size_t n,
-             const FusedAdamW& s) override {
+  void adamw(float* p, const float* g, float* m, float* v, size_t n, const FusedAdamW& s) override {
     run([=, this] { inner_->adamw(p, g, m, v, n, s); });
   }
   void sum_squares(double* out, const float* x, size_t n) override {

@@ -176,10 +176,23 @@ class HostOps final : public ops::DeviceOps {
     put(p, hp);
     put(velocity, hv);
   }
-  double sum_squares(const Tensor& g) override {
+  double sum_squares(const std::vector<Tensor>& gs) override {
     ++calls;
-    const Tensor h = to_host(g);
-    return optim::internal::sum_squares_f32(h.data<float>(), h.numel());
+    double sq = 0.0;  // clip_grad_norm's order: per tensor, added in order from 0
+    for (const Tensor& g : gs) {
+      const Tensor h = to_host(g);
+      sq += optim::internal::sum_squares_f32(h.data<float>(), h.numel());
+    }
+    return sq;
+  }
+  void ema_update(const Tensor& ema, const Tensor& w, float d) override {
+    ++calls;
+    Tensor he = to_host(ema);
+    const Tensor hw = to_host(w);
+    float* pe = he.data<float>();
+    const float* pw = hw.data<float>();
+    for (int64_t j = 0; j < he.numel(); ++j) pe[j] = d * pe[j] + (1.0f - d) * pw[j];
+    put(ema, he);
   }
   void scale_(const Tensor& x, double s) override {
     ++calls;
