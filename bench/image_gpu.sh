@@ -50,7 +50,9 @@ echo "|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 
 # Sampling: 100 images, 100 ancestral steps, the MNIST shape.
+# MNIST from STARLING_DATA_DIR or ../shared/data, else the repository's small fixture split.
 data="${STARLING_DATA_DIR:-$PWD/../shared/data}"
+ls "$data"/mnist/*train-images* >/dev/null 2>&1 || data="$PWD/tests/fixtures/data"
 out="$build/ddpm_cuda"
 echo
 if "$build/apps/starling" train -c configs/ddpm_mnist_cpu.toml --device cuda \
