@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -58,7 +57,7 @@ float* ptr(const Tensor& t) { return t.defined() ? t.device_data<float>() : null
 int as_int(int64_t v) { return static_cast<int>(v); }
 bool wants(const Tensor& t) { return t.defined() && t.requires_grad(); }
 
-// Per GPU: cuBLAS and cuDNN handles (made on first use on that device).
+// Per thread and GPU: cuBLAS and cuDNN handles (made on first use there).
 struct Context {
   CublasHandle cublas;
   std::unique_ptr<DeviceAllocator> workspace;
@@ -517,10 +516,12 @@ class CudaOps final : public ops::DeviceOps {
     if (cur != d.index) cudaSetDevice(d.index);
   }
 
+  // One context per thread and GPU: cuBLAS and cuDNN handles are not for concurrent use, and a
+  // simulation trains several virtual clients at once (their work meets on the legacy stream).
   Context& context(const char* op, Device d) {
     set_device(d);
-    std::lock_guard lock(mu_);
-    auto& slot = contexts_[d.index];
+    thread_local std::map<int, std::unique_ptr<Context>> contexts;
+    auto& slot = contexts[d.index];
     if (!slot) {
       auto c = std::make_unique<Context>();
       c->cublas = make_cublas();
@@ -532,9 +533,6 @@ class CudaOps final : public ops::DeviceOps {
     }
     return *slot;
   }
-
-  std::mutex mu_;
-  std::map<int, std::unique_ptr<Context>> contexts_;
 };
 
 }  // namespace
