@@ -2,8 +2,8 @@
 # The image models on a GPU beside PyTorch eager on the same shapes (bench/gpu_check.sh runs it):
 # training step throughput of the DDPM U-Net at configs/ddpm_mnist_cpu.toml's shape and at a
 # 32x32 RGB shape (bench/configs/ddpm_rgb32.toml), and of the MNIST CNN; ours through the ops'
-# CUDA forms (cuDNN convolutions in fp32 FMA math), PyTorch with TF32 off (the same arithmetic)
-# and with TF32 on (its default for cuDNN convolutions). Then sampling 100 images in 100 steps:
+# CUDA forms (cuDNN convolutions in fp32 FMA math, and with STARLING_CUDA_TF32=1 on tensor
+# cores), PyTorch with TF32 off (the same arithmetic) and on (its default for cuDNN convolutions). Then sampling 100 images in 100 steps:
 # ours through `starling sample --device cuda` on a checkpoint trained here for a few steps,
 # PyTorch's on its own random weights (the work does not depend on the weights).
 # Usage: bench/image_gpu.sh BUILD_DIR [STEPS]
@@ -33,10 +33,12 @@ for spec in "ddpm configs/ddpm_mnist_cpu.toml MNIST-28" "ddpm bench/configs/ddpm
             "cnn configs/fed_mnist_cnn_iid.toml CNN"; do
   set -- $spec
   model=$1 cfg=$2 label=$3
-  ours=$("$build/bench/image_throughput" --model "$model" --config "$cfg" --device cuda \
-         --steps "$steps" 2>&1)
-  echo "$ours"
-  row "$label" "$ours"
+  for tf in 0 1; do  # ours in fp32 FMA math, then with TF32 convolutions and linears
+    ours=$(STARLING_CUDA_TF32=$tf "$build/bench/image_throughput" --model "$model" --config "$cfg" \
+           --device cuda --steps "$steps" 2>&1)
+    echo "$ours"
+    row "$label" "$ours"
+  done
   for tf in "" "--tf32"; do
     theirs=$("$py" bench/torch_image.py --model "$model" --config "$cfg" --device cuda \
              --steps "$steps" $tf 2>&1)

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -96,6 +97,9 @@ int main(int argc, char** argv) {
   }
   // A device tensor moved to or read from the host: a blocking copy, so the GPU is done.
   auto on = [device](const Tensor& t) { return device.is_cpu() ? t : *t.to(device); };
+  // STARLING_CUDA_TF32=1 (the ops' CUDA table reads it): TF32 convolutions and linears.
+  const char* tf32_env = std::getenv("STARLING_CUDA_TF32");
+  const bool tf32 = !device.is_cpu() && tf32_env != nullptr && std::string(tf32_env) == "1";
   if (threads > 0) omp_set_num_threads(threads);
   const double start_rss_mb = status_mb("VmRSS:");  // before the model: the program itself
   if (config_path.empty()) {
@@ -228,7 +232,7 @@ int main(int argc, char** argv) {
       "{\"engine\":\"starling\",\"model\":\"%s\",\"threads\":%d,\"batch\":%lld,"
       "\"ms_per_step\":%.3f,\"samples_per_s\":%.1f,\"params\":%lld,\"peak_rss_mb\":%.1f,"
       "\"start_rss_mb\":%.1f,\"loss\":%.4f,\"blas\":\"%s\",\"device\":\"%s\","
-      "\"peak_device_mb\":%.1f}\n",
+      "\"peak_device_mb\":%.1f,\"tf32\":%s}\n",
       model.c_str(), omp_get_max_threads(), static_cast<long long>(batch), med * 1e3,
       static_cast<double>(batch) / med, static_cast<long long>(bench.params), status_mb("VmHWM:"),
       start_rss_mb, loss_v, starling::ops::blas_core().c_str(),
@@ -236,6 +240,7 @@ int main(int argc, char** argv) {
       device.is_cpu()
           ? 0.0
           : static_cast<double>(starling::cuda::tensor_allocator_stats(gpu).peak_in_use) /
-                (1024.0 * 1024.0));
+                (1024.0 * 1024.0),
+      tf32 ? "true" : "false");
   return 0;
 }

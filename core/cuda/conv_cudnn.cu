@@ -103,15 +103,17 @@ Result<FilterDesc> filter_desc(int k, int c, int h, int w) {
   return Result<FilterDesc>(std::move(owned));
 }
 
-Result<ConvDesc> conv_desc(int stride, int pad) {
+Result<ConvDesc> conv_desc(int stride, int pad, bool tf32) {
   cudnnConvolutionDescriptor_t d = nullptr;
   STARLING_CUDNN_RETURN_IF_ERROR(cudnnCreateConvolutionDescriptor(&d));
   ConvDesc owned(d);
   STARLING_CUDNN_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(
       d, pad, pad, stride, stride, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  // FMA only: CUDNN_DEFAULT_MATH would let fp32 run as TF32 on Ampere and later, which breaks
-  // the 1e-5 parity with the CPU reference. The heuristics below honour this setting.
-  STARLING_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(d, CUDNN_FMA_MATH));
+  // FMA only by default: CUDNN_DEFAULT_MATH lets fp32 run as TF32 on Ampere and later, which
+  // breaks the 1e-5 parity with the CPU reference; the TF32 mode asks for exactly that (as
+  // PyTorch's allow_tf32). The heuristics below honour this setting.
+  STARLING_CUDNN_RETURN_IF_ERROR(
+      cudnnSetConvolutionMathType(d, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
   return Result<ConvDesc>(std::move(owned));
 }
 
@@ -180,13 +182,16 @@ bool transform_algo(cudnnConvolutionBwdFilterAlgo_t a) {
 // one, then deterministic transform algorithms (FFT, Winograd), then any. `workspace(algo,
 // &bytes)` asks cuDNN for the algorithm's exact workspace.
 template <typename Perf, typename Algo, typename WorkspaceFn>
-bool pick(const std::vector<Perf>& perfs, int count, WorkspaceFn&& workspace, Choice<Algo>* out) {
-  for (const bool allow_transform : {false, true}) {
+bool pick(const std::vector<Perf>& perfs, int count, WorkspaceFn&& workspace, Choice<Algo>* out,
+          bool tf32) {
+  for (const bool allow_transform : {tf32, true}) {
     for (const bool need_deterministic : {true, false}) {
       for (int i = 0; i < count; ++i) {
         const Perf& p = perfs[i];
         if (p.status != CUDNN_STATUS_SUCCESS) continue;
-        if (p.mathType != CUDNN_FMA_MATH && p.mathType != CUDNN_DEFAULT_MATH) continue;
+        const bool math_ok = p.mathType == CUDNN_FMA_MATH || p.mathType == CUDNN_DEFAULT_MATH ||
+                             (tf32 && p.mathType == CUDNN_TENSOR_OP_MATH);
+        if (!math_ok) continue;
         if (!allow_transform && transform_algo(p.algo)) continue;
         const bool deterministic = p.determinism == CUDNN_DETERMINISTIC;
         if (need_deterministic && !deterministic) continue;
@@ -289,6 +294,7 @@ std::string choice_text(const Choice<Algo>& c, NameFn name) {
 struct CudnnConv::Impl {
   Handle handle;  // declared first: the plans' descriptors go before it
   DeviceAllocator* workspace = nullptr;
+  bool tf32 = false;  // create(..., tf32)
   // A model has a handful of distinct convolution shapes; a linear scan beats hashing them.
   std::vector<std::unique_ptr<Plan>> plans;
 
@@ -309,7 +315,7 @@ struct CudnnConv::Impl {
     ASSIGN_OR_RETURN(p->y, tensor_desc(s.b, s.c_out, s.h_out(), s.w_out()));
     ASSIGN_OR_RETURN(p->bias, tensor_desc(1, s.c_out, 1, 1));
     ASSIGN_OR_RETURN(p->w, filter_desc(s.c_out, s.c_in, s.kh, s.kw));
-    ASSIGN_OR_RETURN(p->conv, conv_desc(s.stride, s.pad));
+    ASSIGN_OR_RETURN(p->conv, conv_desc(s.stride, s.pad, tf32));
     plans.push_back(std::move(p));
     return plans.back().get();
   }
@@ -328,7 +334,7 @@ struct CudnnConv::Impl {
       return cudnnGetConvolutionForwardWorkspaceSize(h, p.x.get(), p.w.get(), p.conv.get(),
                                                      p.y.get(), a, bytes);
     };
-    if (!pick(perfs, count, workspace_fn, &p.fwd)) return no_algorithm("forward");
+    if (!pick(perfs, count, workspace_fn, &p.fwd, tf32)) return no_algorithm("forward");
     return ok_status();
   }
 
@@ -346,7 +352,7 @@ struct CudnnConv::Impl {
       return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w.get(), p.y.get(), p.conv.get(),
                                                           p.x.get(), a, bytes);
     };
-    if (!pick(perfs, count, workspace_fn, &p.bwd_data)) {
+    if (!pick(perfs, count, workspace_fn, &p.bwd_data, tf32)) {
       return no_algorithm("backward-data");
     }
     return ok_status();
@@ -367,7 +373,7 @@ struct CudnnConv::Impl {
       return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x.get(), p.y.get(), p.conv.get(),
                                                             p.w.get(), a, bytes);
     };
-    if (!pick(perfs, count, workspace_fn, &p.bwd_filter)) {
+    if (!pick(perfs, count, workspace_fn, &p.bwd_filter, tf32)) {
       return no_algorithm("backward-filter");
     }
     return ok_status();
@@ -438,7 +444,7 @@ struct CudnnConv::Impl {
 CudnnConv::CudnnConv(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudnnConv::~CudnnConv() = default;
 
-Result<std::unique_ptr<CudnnConv>> CudnnConv::create(DeviceAllocator* workspace) {
+Result<std::unique_ptr<CudnnConv>> CudnnConv::create(DeviceAllocator* workspace, bool tf32) {
   if (workspace == nullptr) return invalid_argument("cudnn: null workspace allocator");
   // cudnnCreate checks its sublibraries against each other, not against the headers we were
   // compiled with: a cuDNN 8 or 10 runtime found first on the library path is caught here.
@@ -453,6 +459,7 @@ Result<std::unique_ptr<CudnnConv>> CudnnConv::create(DeviceAllocator* workspace)
   auto impl = std::make_unique<Impl>();
   impl->handle.reset(h);
   impl->workspace = workspace;
+  impl->tf32 = tf32;
   return std::unique_ptr<CudnnConv>(new CudnnConv(std::move(impl)));
 }
 

@@ -47,7 +47,10 @@ class CudnnConv {
   // object; its blocks are reused in stream order, so all users of that allocator must work on
   // the stream passed here (or synchronize). Errors (null allocator, no cuDNN library or GPU, a
   // cuDNN runtime of another major version) as a Status carrying cuDNN's error string.
-  static Result<std::unique_ptr<CudnnConv>> create(DeviceAllocator* workspace);
+  // tf32: let cuDNN run the fp32 convolutions on tensor cores as TF32 (CUDNN_DEFAULT_MATH, what
+  // PyTorch's allow_tf32 does; about 1e-3 relative), FFT and Winograd as welcome as direct
+  // algorithms; off (the default), FMA math only, as described above.
+  static Result<std::unique_ptr<CudnnConv>> create(DeviceAllocator* workspace, bool tf32 = false);
   ~CudnnConv();
   CudnnConv(const CudnnConv&) = delete;
   CudnnConv& operator=(const CudnnConv&) = delete;

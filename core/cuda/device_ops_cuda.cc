@@ -66,7 +66,14 @@ struct Context {
 
 class CudaOps final : public ops::DeviceOps {
  public:
-  const char* name() const override { return "cuda"; }
+  // STARLING_CUDA_TF32=1: convolutions and linears on tensor cores as TF32 (PyTorch's default
+  // for cuDNN convolutions; about 1e-3 relative), for speed; off by default (fp32 FMA math, the
+  // CPU's results within 1e-5).
+  CudaOps() {
+    const char* e = std::getenv("STARLING_CUDA_TF32");
+    tf32_ = e != nullptr && std::string(e) == "1";
+  }
+  const char* name() const override { return tf32_ ? "cuda (TF32)" : "cuda"; }
 
   Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride,
                 int64_t padding, const Tensor& residual) override {
@@ -518,6 +525,8 @@ class CudaOps final : public ops::DeviceOps {
 
   // One context per thread and GPU: cuBLAS and cuDNN handles are not for concurrent use, and a
   // simulation trains several virtual clients at once (their work meets on the legacy stream).
+  bool tf32_ = false;
+
   Context& context(const char* op, Device d) {
     set_device(d);
     thread_local std::map<int, std::unique_ptr<Context>> contexts;
@@ -525,8 +534,10 @@ class CudaOps final : public ops::DeviceOps {
     if (!slot) {
       auto c = std::make_unique<Context>();
       c->cublas = make_cublas();
+      if (tf32_)
+        STARLING_CUBLAS_CHECK(cublasSetMathMode(c->cublas.get(), CUBLAS_TF32_TENSOR_OP_MATH));
       c->workspace = std::make_unique<DeviceAllocator>(d.index);
-      auto conv = CudnnConv::create(c->workspace.get());
+      auto conv = CudnnConv::create(c->workspace.get(), tf32_);
       if (!conv.ok()) fail(op, "cuDNN on " + device_str(d) + ": " + conv.status().to_string());
       c->conv = std::move(*conv);
       slot = std::move(c);
