@@ -31,13 +31,17 @@ std::vector<edge_client::FusedDevice> TaskDevice::to_check() const {
   return out;
 }
 
-std::string TaskDevice::describe() const {
-  if (!fused_) return "";
+std::string TaskDevice::gpu_list() const {
   std::string ids;
   for (size_t i = 0; i < fused_->gpus.size(); ++i) {
     ids += (i ? "," : "") + std::to_string(fused_->gpus[i]);
   }
-  if (ids.empty()) ids = "0";
+  return ids.empty() ? "0" : ids;
+}
+
+std::string TaskDevice::describe() const {
+  if (!fused_) return "";
+  const std::string ids = gpu_list();
   const size_t n = fused_->gpus.size();
   if (n <= 1) return fmt::format(", clients train on cuda:{} (fused engine)", ids);
   if (use_ == TaskUse::kServer) {
@@ -70,12 +74,9 @@ Status TaskDevice::check_image(std::string_view source) const {
 
 std::string TaskDevice::describe_image() const {
   if (!fused_) return "";
-  std::string ids;
-  const auto all = to_check();
-  for (size_t i = 0; i < all.size(); ++i) ids += (i ? "," : "") + std::to_string(all[i].gpu(0));
-  return all.size() > 1
-             ? fmt::format(", clients train on cuda:{} (client k on GPU k mod {})", ids, all.size())
-             : fmt::format(", clients train on cuda:{}", ids);
+  const size_t n = fused_->gpus.size();
+  return n > 1 ? fmt::format(", clients train on cuda:{} (client k on GPU k mod {})", gpu_list(), n)
+               : fmt::format(", clients train on cuda:{}", gpu_list());
 }
 
 Result<Device> image_client_device(const v1::FederationConfig& config, std::string_view source) {

@@ -94,6 +94,8 @@ class TaskDevice {
   }
 
  private:
+  std::string gpu_list() const;  // "0,1" (fused_->gpus; "0" when empty). REQUIRES: fused().
+
   TaskUse use_;
   bool spread_;  // kSimulation: virtual clients spread over the GPUs
   std::optional<edge_client::FusedDevice> fused_;

@@ -67,7 +67,7 @@ void accumulate_on_device(Tensor& dst, const Tensor& src) {
   auto hd = dst.to(Device::cpu());
   auto hs = s.to(Device::cpu());
   if (!hd.ok() || !hs.ok()) fatal("gradient accumulation: copy to the host failed");
-  Tensor h = hd->clone();
+  Tensor h = *hd;  // to() made a host copy of its own
   accumulate_into(h, *hs);
   const Status back = backend->copy(dst.device_data<float>(), h.data<float>(), h.nbytes(),
                                     DeviceBackend::Direction::kHostToDevice, dst.device().index);

@@ -33,7 +33,7 @@ inline void require_same_parameters(const nn::Module& cpu, const nn::Module& dev
     if (rel == 0) {
       CHECK(a == b);
     } else {
-      const double e = relative_error(a, b);
+      const double e = device_error(a, b);
       INFO("relative error " << e);
       CHECK(e <= rel);
     }

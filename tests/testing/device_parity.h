@@ -15,18 +15,14 @@
 #include "core/ops/ops.h"
 #include "core/tensor/tensor.h"
 #include "core/util/rng.h"
+#include "tests/testing/normalized_error.h"
 
 namespace starling::testing {
 
-// max |a - b| / max(max |a|, 1e-30), both as host float vectors.
-inline double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, scale = 1e-30;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(a[i])));
-  }
-  return diff / scale;
+// normalized_error of a device result against the CPU's (host float vectors of one size).
+inline double device_error(const std::vector<float>& cpu, const std::vector<float>& dev) {
+  REQUIRE(cpu.size() == dev.size());
+  return normalized_error(dev.data(), cpu.data(), cpu.size());
 }
 
 // inputs: host tensors (f32 or i32); those with requires_grad get gradients compared. fn builds
@@ -57,7 +53,7 @@ inline void check_device_parity(const std::string& what, const std::vector<Tenso
   REQUIRE(yd.device() == device);
   REQUIRE(yd.shape() == yc.shape());
   const std::vector<float> fc = yc.to_float_vector(), fd = yd.to_float_vector();
-  const double fwd = relative_error(fc, fd);
+  const double fwd = device_error(fc, fd);
   INFO("forward relative error " << fwd);
   CHECK(fwd <= rel);
   if (!yc.requires_grad()) return;
@@ -71,8 +67,7 @@ inline void check_device_parity(const std::string& what, const std::vector<Tenso
     REQUIRE(cpu[i].grad().defined());
     REQUIRE(dev[i].grad().defined());
     CHECK(dev[i].grad().device() == device);
-    const double e =
-        relative_error(cpu[i].grad().to_float_vector(), dev[i].grad().to_float_vector());
+    const double e = device_error(cpu[i].grad().to_float_vector(), dev[i].grad().to_float_vector());
     INFO("relative error " << e);
     CHECK(e <= rel);
   }

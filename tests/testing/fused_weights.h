@@ -13,6 +13,7 @@
 #include "core/io/state_dict.h"
 #include "core/util/rng.h"
 #include "models/gpt/fused_gpt.h"
+#include "tests/testing/normalized_error.h"
 
 namespace starling::testing {
 
@@ -28,16 +29,6 @@ inline io::StateDict random_fused_weights(const models::GptConfig& c, uint64_t s
     sd.emplace_back(p.name, Tensor::randn(p.shape, rng, std, ln_weight ? 1.0 : 0.0));
   }
   return sd;
-}
-
-// max |got - want| / max |want| over n values.
-inline double normalized_error(const float* got, const float* want, size_t n) {
-  double err = 0.0, scale = 1e-30;
-  for (size_t i = 0; i < n; ++i) {
-    err = std::max(err, std::abs(static_cast<double>(got[i]) - want[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
-  }
-  return err / scale;
 }
 
 // Every tensor of the fused gradient buffer `grads` (laid out as `layout`) against the gradient
